@@ -1,0 +1,60 @@
+"""Overhead of one budget-controller decision per policy, on CPU, at B=64 and N_max=256.
+
+    python benchmarks/bench_controller.py [--quick] [--output-json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from common import markdown_table, median_us, write_results
+
+from sglang_bastion.controller import fixed_sizes, per_request_sizes, ragged_sizes, uniform_width
+from sglang_bastion.tree import build_trees
+
+
+def convex_cost(length: int) -> torch.Tensor:
+    """[length] a convex increasing cycle cost in ms for 1..length tokens."""
+    n = torch.arange(1, length + 1, dtype=torch.float64)
+    return 8.0 + 0.02 * n + 1e-4 * n**2
+
+
+def main() -> None:
+    """Time every policy's decision and record the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats (smoke test)")
+    parser.add_argument("--output-json", type=Path, default=None)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    sizes = [(8, 32)] if args.quick else [(1, 256), (8, 256), (64, 64), (64, 256)]
+    repeats = 5 if args.quick else 50
+    widths = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    rows = []
+    for batch, nodes in sizes:
+        probs = torch.softmax(2 * torch.randn(batch, 15, 300), dim=-1)
+        trees = build_trees(probs, torch.zeros(batch, dtype=torch.long), top_k=8, max_nodes=nodes)
+        cost, total_cost = convex_cost(nodes), convex_cost(batch * nodes)
+        allowed = [w for w in widths if w <= nodes]
+        policies = {
+            "per_request": lambda: per_request_sizes(trees, cost, ar_ms=8.0),
+            "uniform": lambda: uniform_width(trees, cost, allowed),
+            "ragged": lambda: ragged_sizes(trees, total_cost),
+            "fixed": lambda: fixed_sizes(trees, 16),
+        }
+        for policy, decide in policies.items():
+            us = median_us(decide, repeats=repeats)
+            rows.append({"B": batch, "N_max": nodes, "policy": policy, "median_us": us})
+    columns = ["B", "N_max", "policy", "median_us"]
+    print(markdown_table(rows, columns))
+    if not args.quick or args.output_json:
+        path = write_results(
+            "controller_cpu", rows, columns, "Budget controller overhead per decision (CPU)",
+            args.output_json,
+        )
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,6 @@
+"""Make the tests' shared helpers importable as a plain module."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))

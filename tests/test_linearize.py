@@ -1,0 +1,104 @@
+"""linearize: positions, the ancestor mask in SGLang's flat layout, and retrieve arrays."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import random_marginals
+
+from sglang_bastion.tree import TreeBatch, accept_path, ancestor_mask, build_trees, linearize
+
+
+def random_trees(seed: int, batch: int = 5, width: int = 12) -> TreeBatch:
+    gen = torch.Generator().manual_seed(seed)
+    probs = random_marginals(batch, 6, 7, "smooth", gen)
+    trees = build_trees(probs, torch.arange(batch), top_k=3, max_nodes=width)
+    return trees.truncate(torch.randint(1, width + 1, (batch,), generator=gen))
+
+
+def ancestors_by_parent_pointers(trees: TreeBatch, b: int, i: int) -> set[int]:
+    seen = {i}
+    while (i := int(trees.parents[b, i])) >= 0:
+        seen.add(i)
+    return seen
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ancestor_mask_equals_the_walk_up_parent_pointers(seed):
+    trees = random_trees(seed)
+    mask = ancestor_mask(trees)
+    for b in range(trees.batch_size):
+        for i in range(trees.max_nodes):
+            assert {
+                j for j in range(trees.max_nodes) if mask[b, i, j]
+            } == ancestors_by_parent_pointers(trees, b, i)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_flat_mask_rows_see_the_whole_prefix_then_ancestors_only(seed):
+    trees = random_trees(seed)
+    prefix = torch.tensor([0, 3, 1, 7, 2])
+    inputs = linearize(trees, prefix)
+    width = trees.max_nodes
+    offset = 0
+    for b in range(trees.batch_size):
+        cols = int(prefix[b]) + width
+        block = inputs.custom_mask[offset : offset + width * cols].view(width, cols)
+        offset += width * cols
+        assert block[:, : prefix[b]].all(), "every node sees the whole prefix"
+        for i in range(width):
+            expected = ancestors_by_parent_pointers(trees, b, i)
+            assert {j for j in range(width) if block[i, prefix[b] + j]} == expected
+    assert offset == inputs.custom_mask.numel()
+
+
+def test_positions_are_prefix_length_plus_depth_and_ids_are_the_tokens():
+    trees = random_trees(0)
+    prefix = torch.tensor([4, 0, 9, 1, 2])
+    inputs = linearize(trees, prefix)
+    assert torch.equal(inputs.positions.view(5, -1), prefix.unsqueeze(1) + trees.depths)
+    assert torch.equal(inputs.input_ids.view(5, -1), trees.token_ids)
+    assert torch.equal(inputs.retrieve_index, torch.arange(5 * trees.max_nodes).view(5, -1))
+
+
+def children_by_links(inputs, b: int, parent: int) -> list[int]:
+    kids, child = [], int(inputs.retrieve_next_token[b, parent])
+    while child != -1:
+        kids.append(child)
+        child = int(inputs.retrieve_next_sibling[b, child])
+    return kids
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_retrieve_links_list_each_nodes_real_children_in_slot_order(seed):
+    trees = random_trees(seed)
+    inputs = linearize(trees, torch.zeros(5, dtype=torch.long))
+    for b in range(trees.batch_size):
+        for p in range(trees.max_nodes):
+            real = [c for c in range(int(trees.num_nodes[b])) if int(trees.parents[b, c]) == p]
+            assert children_by_links(inputs, b, p) == real
+
+
+def test_padding_slots_are_unreachable_and_never_accepted():
+    trees = random_trees(1, batch=3, width=10).truncate(torch.tensor([1, 4, 10]))
+    inputs = linearize(trees, torch.tensor([2, 2, 2]))
+    reachable = set()
+    for b in range(3):
+        stack = [0]
+        while stack:
+            node = stack.pop()
+            reachable.add((b, node))
+            stack.extend(children_by_links(inputs, b, node))
+        assert {n for bb, n in reachable if bb == b} == set(range(int(trees.num_nodes[b])))
+    # A target that names every slot's token everywhere still cannot reach padding.
+    target = trees.token_ids.roll(-1, dims=1)
+    path, _, _ = accept_path(trees, target)
+    assert ((path < trees.num_nodes.unsqueeze(1)) | (path == -1)).all()
+
+
+def test_mask_length_is_width_times_prefix_plus_width_per_request():
+    trees = random_trees(2, batch=3, width=8)
+    prefix = torch.tensor([5, 0, 11])
+    inputs = linearize(trees, prefix)
+    assert inputs.custom_mask.numel() == sum(8 * (int(p) + 8) for p in prefix)
+    assert inputs.custom_mask.dtype == torch.bool
