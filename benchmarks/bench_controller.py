@@ -1,11 +1,12 @@
 """Overhead of one budget-controller decision per policy, on CPU, at B=64 and N_max=256.
 
-    python benchmarks/bench_controller.py [--quick] [--output-json PATH]
+python benchmarks/bench_controller.py [--quick] [--output-json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,7 +25,9 @@ def convex_cost(length: int) -> torch.Tensor:
 def main() -> None:
     """Time every policy's decision and record the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats (smoke test)")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes, few repeats (smoke test)"
+    )
     parser.add_argument("--output-json", type=Path, default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -38,19 +41,22 @@ def main() -> None:
         cost, total_cost = convex_cost(nodes), convex_cost(batch * nodes)
         allowed = [w for w in widths if w <= nodes]
         policies = {
-            "per_request": lambda: per_request_sizes(trees, cost, ar_ms=8.0),
-            "uniform": lambda: uniform_width(trees, cost, allowed),
-            "ragged": lambda: ragged_sizes(trees, total_cost),
-            "fixed": lambda: fixed_sizes(trees, 16),
+            "per_request": (per_request_sizes, (trees, cost, 8.0)),
+            "uniform": (uniform_width, (trees, cost, allowed)),
+            "ragged": (ragged_sizes, (trees, total_cost)),
+            "fixed": (fixed_sizes, (trees, 16)),
         }
-        for policy, decide in policies.items():
-            us = median_us(decide, repeats=repeats)
+        for policy, (decide, decide_args) in policies.items():
+            us = median_us(partial(decide, *decide_args), repeats=repeats)
             rows.append({"B": batch, "N_max": nodes, "policy": policy, "median_us": us})
     columns = ["B", "N_max", "policy", "median_us"]
     print(markdown_table(rows, columns))
     if not args.quick or args.output_json:
         path = write_results(
-            "controller_cpu", rows, columns, "Budget controller overhead per decision (CPU)",
+            "controller_cpu",
+            rows,
+            columns,
+            "Budget controller overhead per decision (CPU)",
             args.output_json,
         )
         print(f"wrote {path}")

@@ -50,6 +50,7 @@ def machine() -> dict[str, object]:
 
 def markdown_table(rows: list[dict[str, object]], columns: list[str]) -> str:
     """A Markdown table of ``rows`` restricted to ``columns``."""
+
     def cell(value: object) -> str:
         return f"{value:.2f}" if isinstance(value, float) else str(value)
 
@@ -67,7 +68,12 @@ def write_results(
     meta = machine()
     json_path.write_text(json.dumps({"machine": meta, "rows": rows}, indent=2) + "\n")
     md = [f"# {title}", "", f"Command: `python {meta['command']}`", ""]
-    md += [f"Machine: {meta['cpu']}, {meta['threads']} torch threads, torch {meta['torch']}, "
-           f"{meta['date']}", "", markdown_table(rows, columns), ""]
+    md += [
+        f"Machine: {meta['cpu']}, {meta['threads']} torch threads, torch {meta['torch']}, "
+        f"{meta['date']}",
+        "",
+        markdown_table(rows, columns),
+        "",
+    ]
     json_path.with_suffix(".md").write_text("\n".join(md))
     return json_path

@@ -1,0 +1,63 @@
+"""Verify-latency budget: roofline cost model, latency profiles, and cycle-cost predictions."""
+
+from sglang_bastion.budget.latency import (
+    COST_MODES,
+    CostMode,
+    LatencyModel,
+    cost_vector_ms,
+    ema_update,
+    total_cost_vector_ms,
+)
+from sglang_bastion.budget.profile import (
+    SCHEMA_VERSION,
+    Calibration,
+    GridPoint,
+    LatencyProfile,
+    ModelRef,
+    ProfileError,
+    ProfileIdentity,
+    build_profile,
+    config_fingerprint,
+    fit_calibration,
+    load_profile,
+    profile_to_dict,
+    save_profile,
+)
+from sglang_bastion.budget.roofline import (
+    HARDWARE,
+    Hardware,
+    ModelShape,
+    expert_touch,
+    roofline_ms,
+    verify_bytes,
+    verify_flops,
+)
+
+__all__ = [
+    "COST_MODES",
+    "HARDWARE",
+    "SCHEMA_VERSION",
+    "Calibration",
+    "CostMode",
+    "GridPoint",
+    "Hardware",
+    "LatencyModel",
+    "LatencyProfile",
+    "ModelRef",
+    "ModelShape",
+    "ProfileError",
+    "ProfileIdentity",
+    "build_profile",
+    "config_fingerprint",
+    "cost_vector_ms",
+    "ema_update",
+    "expert_touch",
+    "fit_calibration",
+    "load_profile",
+    "profile_to_dict",
+    "roofline_ms",
+    "save_profile",
+    "total_cost_vector_ms",
+    "verify_bytes",
+    "verify_flops",
+]

@@ -1,0 +1,164 @@
+"""Cycle-latency predictions for the budget controller (paper Sections 3.4 and 5.2).
+
+One speculative cycle with N tokens per request costs C(N) = T_aux + T_verify(N). T_aux
+(drafting and tree building) is taken as constant in N and interpolated in batch size from the
+profile; T_verify builds on the roofline R(N) of the verify pass (roofline.py):
+
+    static     C = T_aux + slope * R(N) + intercept             offline calibration (default)
+    ema        C = T_aux + gamma * R(N)                          online bias on the bare roofline
+    ema_calib  C = T_aux + gamma * (slope * R(N) + intercept)    online residual on calibration
+
+gamma tracks observed / predicted verify time by ``ema_update``. L_AR, the latency of one plain
+autoregressive step, turns accepted length into speedup: S(N) = A(N) L_AR / C(N).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from sglang_bastion.budget.profile import Calibration, LatencyProfile
+from sglang_bastion.budget.roofline import Hardware, ModelShape, Scalar, roofline_ms
+
+CostMode = Literal["static", "ema", "ema_calib"]
+COST_MODES: tuple[str, ...] = ("static", "ema", "ema_calib")
+
+
+def _interpolate(table: Sequence[tuple[int, float]], batch: float) -> float:
+    """Piecewise-linear in batch size through the table, constant beyond its ends."""
+    sizes, values = zip(*table, strict=True)
+    return float(np.interp(batch, sizes, values))
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """Predicts verify and cycle latency (ms) for a target on one GPU."""
+
+    shape: ModelShape
+    hardware: Hardware
+    calibration: Calibration
+    t_aux_table: tuple[tuple[int, float], ...]  # (batch size, ms), batch sizes increasing
+    l_ar_table: tuple[tuple[int, float], ...]  # (batch size, ms), batch sizes increasing
+
+    def __post_init__(self) -> None:
+        """Reject empty tables."""
+        if not self.t_aux_table or not self.l_ar_table:
+            raise ValueError("LatencyModel needs non-empty t_aux and l_ar tables")
+
+    @classmethod
+    def from_profile(cls, profile: LatencyProfile, shape: ModelShape) -> LatencyModel:
+        """The model of a loaded profile for the target whose shape is ``shape``."""
+        return cls(
+            shape=shape,
+            hardware=profile.hardware,
+            calibration=profile.calibration,
+            t_aux_table=profile.t_aux_ms,
+            l_ar_table=profile.l_ar_ms,
+        )
+
+    @classmethod
+    def uncalibrated(
+        cls,
+        shape: ModelShape,
+        hardware: Hardware,
+        bytes_per_elem: float = 2,
+        t_aux_ms: float = 0.0,
+    ) -> LatencyModel:
+        """A model with no profile: identity calibration, L_AR from the roofline (for 'ema')."""
+        sizes = [2**i for i in range(11)]  # 1 .. 1024
+        l_ar = roofline_ms(shape, hardware, torch.tensor(sizes, dtype=torch.float64), 1, 0)
+        return cls(
+            shape=shape,
+            hardware=hardware,
+            calibration=Calibration(slope=1.0, intercept_ms=0.0, bytes_per_elem=bytes_per_elem),
+            t_aux_table=((1, t_aux_ms),),
+            l_ar_table=tuple(zip(sizes, l_ar.tolist(), strict=True)),
+        )
+
+    def roofline_ms(self, batch: Scalar, tokens: Scalar, context: Scalar) -> torch.Tensor:
+        """Bare roofline verify latency (ms); arguments broadcast."""
+        return roofline_ms(
+            self.shape, self.hardware, batch, tokens, context, self.calibration.bytes_per_elem
+        )
+
+    def verify_ms(self, batch: Scalar, tokens: Scalar, context: Scalar) -> torch.Tensor:
+        """Calibrated verify latency (ms); arguments broadcast."""
+        return self.calibration.apply(self.roofline_ms(batch, tokens, context))
+
+    def aux_ms(self, batch: float) -> float:
+        """T_aux (ms): drafting and tree building for ``batch`` requests."""
+        return _interpolate(self.t_aux_table, batch)
+
+    def ar_ms(self, batch: float) -> float:
+        """L_AR (ms): one autoregressive target step for ``batch`` requests."""
+        return _interpolate(self.l_ar_table, batch)
+
+    def cycle_ms(
+        self,
+        batch: float,
+        tokens: Scalar,
+        context: Scalar,
+        mode: CostMode = "static",
+        gamma: float = 1.0,
+    ) -> torch.Tensor:
+        """Cycle latency (ms) = T_aux + T_verify under ``mode``; tokens and context broadcast."""
+        if mode == "static":
+            verify = self.verify_ms(batch, tokens, context)
+        elif mode == "ema":
+            verify = gamma * self.roofline_ms(batch, tokens, context)
+        elif mode == "ema_calib":
+            verify = gamma * self.verify_ms(batch, tokens, context)
+        else:
+            raise ValueError(f"unknown cost mode {mode!r}; expected one of {COST_MODES}")
+        if mode != "static" and not gamma > 0:
+            raise ValueError(f"gamma must be > 0, got {gamma}")
+        return self.aux_ms(batch) + verify
+
+
+def ema_update(gamma: float, observed_ms: float, predicted_ms: float, alpha: float) -> float:
+    """gamma <- (1 - alpha) gamma + alpha observed / predicted (Section 5.2)."""
+    if not 0 < alpha <= 1:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+    if not predicted_ms > 0 or not math.isfinite(predicted_ms):
+        raise ValueError(f"predicted_ms must be a positive finite number, got {predicted_ms}")
+    if not observed_ms >= 0 or not math.isfinite(observed_ms):
+        raise ValueError(f"observed_ms must be a finite number >= 0, got {observed_ms}")
+    return (1 - alpha) * gamma + alpha * observed_ms / predicted_ms
+
+
+def cost_vector_ms(
+    model: LatencyModel,
+    batch: float,
+    max_tokens: int,
+    context: float,
+    mode: CostMode = "static",
+    gamma: float = 1.0,
+) -> torch.Tensor:
+    """[max_tokens] float64 CPU: predicted cycle latency for 1..max_tokens tokens per request."""
+    # context is the mean prefix length over the batch: exact, since costs are linear in it.
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    tokens = torch.arange(1, max_tokens + 1, dtype=torch.float64)  # [max_tokens]
+    return model.cycle_ms(batch, tokens, context, mode, gamma)
+
+
+def total_cost_vector_ms(
+    model: LatencyModel,
+    batch: float,
+    max_total_tokens: int,
+    context: float,
+    mode: CostMode = "static",
+    gamma: float = 1.0,
+) -> torch.Tensor:
+    """[max_total_tokens] float64 CPU: cycle latency for T = 1..max_total_tokens over the batch."""
+    # For ragged per-request sizes: every term depends on the allocation only through T, except
+    # attention among the new tokens (sum of t_r^2), priced at an even split t_r = T / B.
+    if max_total_tokens < 1:
+        raise ValueError(f"max_total_tokens must be >= 1, got {max_total_tokens}")
+    total = torch.arange(1, max_total_tokens + 1, dtype=torch.float64)  # [T]
+    return model.cycle_ms(batch, total / batch, context, mode, gamma)
