@@ -1,4 +1,8 @@
-"""SGLang plugin entry point (group ``sglang.srt.plugins``), called by SGLang's ``load_plugins``."""
+"""SGLang plugin entry point (group ``sglang.srt.plugins``), called by SGLang's ``load_plugins``.
+
+SGLang loads plugins in the launcher, in ``sglang serve``, in ``Engine`` and again inside each
+spawned scheduler process, so registration is idempotent.
+"""
 
 from __future__ import annotations
 
@@ -18,29 +22,26 @@ def register() -> None:
         return
     if _already_registered(SpeculativeAlgorithm):
         return
+    from sglang_bastion.spec_algo import BastionSpecAlgo, validate_server_args
+
     SpeculativeAlgorithm.register(
-        ALGORITHM_NAME, supports_overlap=False, validate_server_args=_refuse_until_worker_lands
+        ALGORITHM_NAME,
+        supports_overlap=False,
+        validate_server_args=validate_server_args,
+        spec_class=BastionSpecAlgo,
     )(_worker_factory)
 
 
 def _already_registered(registry: type) -> bool:
-    """True when this process has registered BASTION before (plugins load once per process)."""
+    """True when this process has registered BASTION before."""
     try:
         return registry.from_string(ALGORITHM_NAME) is not None
-    except Exception:  # unknown names raise in SGLang's registry
+    except ValueError:  # SGLang's registry does not know the name yet
         return False
 
 
-def _refuse_until_worker_lands(server_args: object) -> None:
-    """Fail server start-up with one line: this release ships the algorithmic core only."""
-    raise ValueError(
-        "--speculative-algorithm BASTION: this sglang-bastion release ships the algorithmic "
-        "core (sglang_bastion.tree, sglang_bastion.controller, sglang_bastion.budget) but not "
-        "yet its SGLang worker; use --speculative-algorithm DFLASH for now."
-    )
-
-
 def _worker_factory(server_args: object) -> type:
-    """The worker class for BASTION (not shipped in this release)."""
-    _refuse_until_worker_lands(server_args)
-    raise AssertionError("unreachable")
+    """The worker class SGLang instantiates for BASTION."""
+    from sglang_bastion.worker import BastionWorker
+
+    return BastionWorker

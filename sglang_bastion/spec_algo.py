@@ -1,0 +1,181 @@
+"""How SGLang sees BASTION: a DFlash-family algorithm with tree verification.
+
+The algorithm object answers SGLang's ``is_*`` / ``supports_*`` questions (claiming the DFlash
+family turns on target hidden-state capture and the draft KV pool), settles the server
+arguments SGLang's own DFLASH handler would have settled, and refuses configurations the
+worker cannot serve with one line naming the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+from sglang_bastion.options import ENV_RESOLVED_MAX_NODES, BastionOptions
+
+TREE_VERIFY_BACKENDS = ("flashinfer", "triton", "bastion_cpu")
+
+
+class BastionConfigError(SystemExit):
+    """A configuration BASTION cannot serve: the launcher prints this one line and exits 1."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"sglang-bastion: {message}")
+
+
+class BastionSpecAlgo(CustomSpecAlgo):
+    """BASTION as SGLang's scheduler and model runner query it."""
+
+    def is_dflash(self) -> bool:
+        """Drafting, draft KV and hidden-state capture are DFlash's."""
+        return True
+
+    def is_dflash_family(self) -> bool:
+        """Turns on target hidden-state capture and the draft KV pool."""
+        return True
+
+    def supports_target_verify_for_draft(self) -> bool:
+        """The drafter's block pass runs as TARGET_VERIFY on the draft runner."""
+        return True
+
+    def supports_prefill_shared_read_done(self) -> bool:
+        """Target prefill has no later speculative reader of the shared buffer."""
+        return True
+
+    def carries_draft_hidden_states(self) -> bool:
+        """Disaggregated transfer of draft hidden states is EAGLE-only."""
+        return False
+
+    def need_topk(self) -> bool:
+        """No EAGLE top-k state travels between steps."""
+        return False
+
+    def get_platform_worker_cls(self) -> None:
+        """No platform-specific worker."""
+        return None
+
+    def create_future_map(
+        self,
+        device: Any,
+        req_to_token_pool: Any,
+        needs_cpu_seq_lens: bool = True,
+        needs_confidence_relay: bool = False,
+    ) -> Any:
+        """SGLang's future map (created even with overlap scheduling off)."""
+        from sglang.srt.managers.overlap_utils import FutureMap
+
+        return FutureMap(
+            device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay
+        )
+
+    def get_num_tokens_per_req_for_target_verify(
+        self, num_draft_tokens: int, is_draft_worker: bool
+    ) -> int:
+        """Tree width for the target, the drafter's block size for the draft runner."""
+        if is_draft_worker:
+            from sglang.srt.runtime_context import get_spec
+
+            return drafter_block_size(get_spec().speculative_draft_model_path)
+        return num_draft_tokens
+
+    def handle_server_args(self, server_args: Any) -> None:
+        """Settle the arguments SGLang's DFLASH handler would settle, for BASTION's worker."""
+        options = BastionOptions.from_env()
+        block = drafter_block_size(server_args.speculative_draft_model_path)
+        nodes = server_args.speculative_num_draft_tokens or options.default_max_nodes
+        server_args.disable_overlap_schedule = True
+        server_args.speculative_num_steps = 1
+        server_args.speculative_eagle_topk = 1
+        # SGLang reserves speculative_num_draft_tokens KV slots per request and step: the
+        # window must hold both the tree (N) and the drafter's block (B).
+        server_args.speculative_num_draft_tokens = max(int(nodes), block)
+        server_args.page_size = 1
+        os.environ[ENV_RESOLVED_MAX_NODES] = str(int(nodes))  # read by the spawned worker
+
+
+def drafter_block_size(path: str | None) -> int:
+    """The DFlash drafter's block size B from its config.json (16 when unstated)."""
+    config = read_config(path) if path else {}
+    nested = config.get("dflash_config") or {}
+    return int(nested.get("block_size") or config.get("block_size") or 16)
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """A model folder's config.json, or {} when it is not a local folder."""
+    file = Path(path) / "config.json"
+    return json.loads(file.read_text()) if file.is_file() else {}
+
+
+def validate_server_args(server_args: Any) -> None:
+    """Refuse, in one line, what the BASTION worker cannot serve."""
+    drafter = server_args.speculative_draft_model_path
+    if not drafter:
+        raise BastionConfigError(
+            "--speculative-algorithm BASTION needs a DFlash drafter: pass "
+            "--speculative-draft-model-path <drafter folder or hub id>"
+        )
+    if Path(drafter).exists() and not (Path(drafter) / "config.json").is_file():
+        raise BastionConfigError(
+            f"--speculative-draft-model-path {drafter} has no config.json; "
+            "point it at a DFlash drafter folder"
+        )
+    backend = server_args.attention_backend
+    if backend is not None and backend not in TREE_VERIFY_BACKENDS:
+        raise BastionConfigError(
+            f"--attention-backend {backend} cannot verify trees (no custom attention mask); "
+            f"use one of {', '.join(TREE_VERIFY_BACKENDS)}"
+        )
+    if server_args.page_size not in (None, 1):
+        raise BastionConfigError(
+            f"--page-size {server_args.page_size} is not supported: BASTION moves accepted "
+            "tree nodes token by token; use --page-size 1"
+        )
+    if getattr(server_args, "tp_size", 1) != 1:
+        raise BastionConfigError(
+            f"--tp-size {server_args.tp_size} is not supported yet: the draft head reads the "
+            "target's LM head unsharded; serve with --tp-size 1 (or --dp-size for more GPUs)"
+        )
+    if getattr(server_args, "speculative_draft_window_size", None):
+        raise BastionConfigError("--speculative-draft-window-size is not supported with BASTION")
+    if getattr(server_args, "pp_size", 1) != 1:
+        raise BastionConfigError("pipeline parallelism (--pp-size > 1) is not supported")
+    if getattr(server_args, "enable_dp_attention", False):
+        raise BastionConfigError("--enable-dp-attention is not supported; use --tp-size")
+    if getattr(server_args, "enable_mixed_chunk", False):
+        raise BastionConfigError("--enable-mixed-chunk is not supported with BASTION")
+    check_drafter_matches_target(server_args.model_path, drafter)
+    try:
+        BastionOptions.from_env().validate()
+    except ValueError as error:
+        raise BastionConfigError(str(error)) from None
+
+
+def check_drafter_matches_target(target_path: str, drafter_path: str) -> None:
+    """Refuse a drafter built for another target (hidden size, vocabulary, tapped layers)."""
+    target, drafter = read_config(target_path), read_config(drafter_path)
+    if not target or not drafter:
+        return  # hub ids: SGLang's own loaders check what they can
+    text = target.get("text_config") or target
+    if "DFlashDraftModel" not in (drafter.get("architectures") or []):
+        raise BastionConfigError(
+            f"{drafter_path} is not a DFlash drafter (architectures "
+            f"{drafter.get('architectures')}); BASTION needs a DFlashDraftModel checkpoint"
+        )
+    for field in ("hidden_size", "vocab_size"):
+        if field in drafter and field in text and int(drafter[field]) != int(text[field]):
+            raise BastionConfigError(
+                f"drafter {field}={drafter[field]} does not match the target's "
+                f"{field}={text[field]}: this drafter was built for another target model"
+            )
+    layers = int(text.get("num_hidden_layers", 0))
+    taps = (drafter.get("dflash_config") or {}).get("target_layer_ids") or []
+    bad = [i for i in taps if not 0 <= int(i) < layers - 1]
+    if layers and bad:
+        raise BastionConfigError(
+            f"drafter target_layer_ids {taps} tap layers {bad} that a {layers}-layer target "
+            f"cannot provide (valid: 0..{layers - 2}); this drafter was built for another target"
+        )

@@ -1,0 +1,281 @@
+"""The BASTION speculative worker inside SGLang: draft -> tree -> verify -> accept, per step.
+
+It extends SGLang's DFlash worker, whose drafter loading, draft KV pool, hidden-state capture
+and prefill it keeps, and replaces the decode step:
+
+1. Draft: one non-causal pass of the DFlash drafter over [bonus, MASK x (B-1)] for the whole
+   batch; the target's LM head turns the block's hidden states into marginals q_1..q_{B-1}.
+2. Tree: ``build_trees`` picks each request's best-first tree from its top-K marginals and
+   the budget decides its size; ``linearize`` lays the trees out as SGLang verify inputs.
+3. Verify: one target forward over every tree with the tree attention mask.
+4. Accept: the target's own token at every node (argmax, or a sample from the request's
+   processed distribution), ``accept_path`` walks the tree; the accepted path's target KV
+   moves to the front of the request's window and its features go into the draft KV.
+
+Slots the rejected nodes used stay in the request's reservation and are overwritten next
+step, as in SGLang's DFlash worker; the scheduler cuts outputs at EOS, stop strings and
+max_tokens and releases the rest when the request finishes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from sglang.srt.lora.layers import unwrap_lora_layer
+from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+from sglang.srt.speculative.dflash_utils import (
+    apply_dflash_verify_logits_adjustments,
+    build_speculative_verify_target_probs,
+)
+from sglang.srt.speculative.dflash_worker_v2 import (
+    DFlashWorkerV2,
+    _resolve_dflash_embedding_module,
+)
+from sglang.srt.speculative.draft_worker_common import (
+    build_block_pos_offsets,
+    make_draft_block_spec_info,
+    make_draft_input_v2,
+)
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+from sglang_bastion.options import BastionOptions
+from sglang_bastion.spec_algo import drafter_block_size
+from sglang_bastion.tree import accept_path, build_trees, linearize
+
+logger = logging.getLogger(__name__)
+
+
+class BastionWorker(DFlashWorkerV2):
+    """SGLang's DFlash worker with BASTION's tree drafting and verification in decode."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # SGLang ties the drafter's block to the verify width; BASTION verifies W tree slots
+        # (the window reserved per request) but drafts a block of the drafter's own size B.
+        self.window = int(self.block_size)
+        drafter = self.server_args.speculative_draft_model_path
+        self.block_size = min(drafter_block_size(drafter), self.window)
+        self.draft_model.set_block_size(self.block_size)
+        self._block_pos_offsets = build_block_pos_offsets(
+            length=self.block_size, device=self.device
+        )
+        self._draft_block_spec_info = make_draft_block_spec_info(
+            draft_token_num=self.block_size, device=self.device
+        )
+        self._draft_block_ids_buf = None  # re-sized for B on first use
+        self.options = BastionOptions.from_env()
+        self.max_nodes = min(self.options.max_nodes or self.window, self.window)
+        self.top_k = self.options.top_k
+        logger.info(
+            "BASTION worker: drafter block %d, tree of up to %d nodes, top-%d lattice",
+            self.block_size, self.max_nodes, self.top_k,
+        )  # fmt: skip
+
+    def _maybe_build_draft_sampler(self, *args: Any, **kwargs: Any) -> None:
+        """Keep the draft head eager: BASTION needs full marginals, not a greedy draft."""
+        return None
+
+    def forward_batch_generation(
+        self,
+        batch: Any,
+        on_publish: Any = None,
+        grammar_barrier: Any = None,
+        pp_proxy_tensors: Any = None,
+    ) -> GenerationBatchResult:
+        """Prefill as DFlash does; decode with one BASTION tree step."""
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            return super().forward_batch_generation(
+                batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
+                pp_proxy_tensors=pp_proxy_tensors,
+            )  # fmt: skip
+        if batch.forward_mode.is_idle() or batch.spec_info is None:
+            return super().forward_batch_generation(batch, on_publish=on_publish)
+        return self._tree_step(batch)
+
+    # --- one decode step ------------------------------------------------------------------
+
+    def _tree_step(self, batch: Any) -> GenerationBatchResult:
+        """Draft, build trees, verify them in one target pass, accept; the step's result."""
+        draft_input: DFlashDraftInputV2 = batch.spec_info
+        bs = len(batch.seq_lens)
+        prefix = batch.seq_lens  # [bs]: committed tokens; the bonus is not in the KV yet
+        prefix_cpu = batch.seq_lens_cpu
+        slots = torch.arange(self.window, device=self.device)
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        window = req_to_token[batch.req_pool_indices.unsqueeze(1), prefix.unsqueeze(1) + slots]
+        window = window.to(torch.int64)  # [bs, window]: KV slots reserved for this step
+
+        probs = self._draft_marginals(batch, draft_input, window, prefix, prefix_cpu)
+        trees = build_trees(
+            probs, draft_input.bonus_tokens.to(torch.long), top_k=min(self.top_k, probs.shape[-1]),
+            max_nodes=self.max_nodes,
+        )  # fmt: skip
+        width = self.max_nodes
+        verify = linearize(trees, prefix)
+        logits_output, hidden = self._verify(batch, verify, window[:, :width], prefix_cpu, width)
+        target_tokens = self._target_tokens(batch, logits_output.next_token_logits, bs, width)
+        path, num_accepted, bonus = accept_path(trees, target_tokens, max_depth=self.block_size - 1)
+
+        accept_lens = num_accepted + 1  # [bs]: accepted drafts + the bonus
+        self._keep_accepted_kv(window[:, :width], path, accept_lens)
+        self._write_draft_features(batch, hidden, window, prefix, prefix_cpu, path, accept_lens)
+
+        out_tokens = target_tokens.gather(1, path.clamp(min=0))  # [bs, B]: emitted run first
+        new_seq_lens = prefix + accept_lens.to(prefix.dtype)
+        logits_output.hidden_states = None
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=out_tokens.reshape(-1),
+            accept_lens=accept_lens.to(torch.int32),
+            can_run_cuda_graph=False,
+            next_draft_input=make_draft_input_v2(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
+            speculative_num_draft_tokens=int(self.block_size),
+            new_seq_lens=new_seq_lens,
+        )
+
+    def _draft_marginals(
+        self, batch: Any, draft_input: Any, window: torch.Tensor, prefix: torch.Tensor,
+        prefix_cpu: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """[bs, B-1, V] the drafter's marginals from one non-causal pass over its block."""
+        bs, block = window.shape[0], self.block_size
+        target_model = self.target_worker.model_runner.model
+        block_ids = torch.full((bs, block), int(self._mask_token_id), device=self.device)
+        block_ids[:, 0] = draft_input.bonus_tokens  # [bs, B]: bonus, MASK x (B-1)
+        if self._full_embed_gpu is not None:
+            embeds = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
+        else:
+            embed = unwrap_lora_layer(
+                _resolve_dflash_embedding_module(self.draft_model, target_model)
+            )
+            embeds = embed(block_ids)
+        if self._noise_embed_scale != 1.0:
+            embeds = embeds * self._noise_embed_scale
+        positions = (prefix.unsqueeze(1) + self._block_pos_offsets).reshape(-1)  # [bs*B]
+        out_cache_loc = window[:, :block].reshape(-1)
+        plan = self._plan(batch, prefix, prefix_cpu, out_cache_loc, block)
+        seq_lens_cpu = (prefix_cpu + block).to(torch.int32)
+        forward_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix,
+            out_cache_loc=out_cache_loc,
+            seq_lens_sum=int(seq_lens_cpu.sum()),
+            seq_lens_cpu=seq_lens_cpu,
+            positions=positions,
+            input_embeds=embeds.reshape(bs * block, -1),
+            spec_algorithm=SpeculativeAlgorithm.DFLASH,
+            spec_info=self._draft_block_spec_info,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+            global_num_token_non_padded_cpu=bs * block,
+            can_run_decode_cuda_graph=False,
+        )
+        plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
+        with torch.inference_mode():
+            hidden = self.draft_model_runner.forward(forward_batch).logits_output.hidden_states
+        hidden = hidden.view(bs, block, -1)[:, 1:]  # [bs, B-1, H]: the masked positions
+        lm_head = unwrap_lora_layer(target_model.lm_head)
+        vocab = int(self.model_runner.model_config.vocab_size)
+        logits = hidden.float() @ lm_head.weight[:vocab].float().T  # [bs, B-1, V]
+        return torch.softmax(logits, dim=-1)
+
+    def _plan(
+        self, batch: Any, prefix: torch.Tensor, prefix_cpu: torch.Tensor,
+        write: torch.Tensor, extent: int,
+    ) -> Any:  # fmt: skip
+        """SGLang's KV location plan for a pass writing ``write`` and reading ``extent`` more."""
+        return self.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix,
+            seq_lens_cpu=prefix_cpu,
+            write_virtual=write,
+            read_extent=extent,
+        )
+
+    def _verify(
+        self, batch: Any, verify: Any, window: torch.Tensor, prefix_cpu: torch.Tensor, width: int
+    ) -> tuple[Any, torch.Tensor]:
+        """One target forward over every tree with the tree mask: logits and captured features."""
+        out_cache_loc = window.reshape(-1)
+        verify_input = DFlashVerifyInput(
+            draft_token=verify.input_ids,
+            positions=verify.positions,
+            draft_token_num=width,
+            custom_mask=verify.custom_mask,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            kv_loc_plan=self._plan(batch, batch.seq_lens, prefix_cpu, out_cache_loc, width),
+        )
+        batch.out_cache_loc = out_cache_loc
+        batch.seq_lens_cpu = prefix_cpu + width  # host bound of the verify pass
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        forward_batch, _ = verify_input.prepare_for_verify(
+            batch, self.target_worker, defer_metadata_init=True
+        )
+        forward_batch.can_run_decode_cuda_graph = False  # graphs are captured without a mask
+        self.target_worker.model_runner.attn_backend.init_forward_metadata(forward_batch)
+        out = self.target_worker.forward_batch_generation(
+            batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
+        )
+        logits_output = out.logits_output
+        if batch.sampling_info is not None:
+            apply_dflash_verify_logits_adjustments(
+                next_token_logits=logits_output.next_token_logits,
+                sampling_info=batch.sampling_info,
+                draft_token_num=width,
+            )
+        hidden = logits_output.hidden_states  # consumed before the next target forward
+        return logits_output, hidden.view(len(batch.seq_lens), width, -1)
+
+    def _target_tokens(self, batch: Any, logits: torch.Tensor, bs: int, width: int) -> torch.Tensor:
+        """[bs, W] the target's token at every node: argmax, or a sample per request."""
+        info = batch.sampling_info
+        if info is None or info.is_all_greedy:
+            return logits.argmax(dim=-1).view(bs, width)
+        probs = build_speculative_verify_target_probs(
+            next_token_logits=logits, sampling_info=info, draft_token_num=width, bs=bs
+        )
+        return torch.multinomial(probs.view(bs * width, -1), 1).view(bs, width)
+
+    def _keep_accepted_kv(
+        self, window: torch.Tensor, path: torch.Tensor, accept_lens: torch.Tensor
+    ) -> None:
+        """Move the accepted nodes' target KV to the front slots of each request's window."""
+        steps = torch.arange(path.shape[1], device=path.device)
+        moved = (steps < accept_lens.unsqueeze(1)) & (path != steps)  # [bs, D+1]
+        source = window.gather(1, path.clamp(min=0))[moved]
+        target = window[:, : path.shape[1]][moved]
+        if source.numel():
+            pool = self.model_runner.token_to_kv_pool_allocator.get_kvcache()
+            if window.device.type == "cpu":
+                pool.use_native_move_kv_cache = True  # the fused copy is a GPU kernel
+            pool.move_kv_cache(target, source)
+
+    def _write_draft_features(
+        self, batch: Any, hidden: torch.Tensor, window: torch.Tensor, prefix: torch.Tensor,
+        prefix_cpu: torch.Tensor, path: torch.Tensor, accept_lens: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """Project the accepted path's target features into the draft KV at their slots."""
+        bs, depth = path.shape
+        features = hidden.gather(1, path.clamp(min=0).unsqueeze(2).expand(-1, -1, hidden.shape[2]))
+        rows = window[:, :depth]  # [bs, D+1]: where the accepted path now lives
+        plan = self._plan(batch, prefix, prefix_cpu, rows.reshape(-1), depth)
+        cache_loc = self._draft_write_ids(plan)
+        positions = (prefix.unsqueeze(1) + torch.arange(depth, device=prefix.device)).reshape(-1)
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=features.reshape(bs * depth, -1),
+            cache_loc=cache_loc,
+            cache_loc_2d=cache_loc.view(bs, depth),
+            positions=positions,
+            commit_lens=accept_lens,
+        )

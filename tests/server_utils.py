@@ -1,0 +1,130 @@
+"""Start and stop real SGLang servers on 127.0.0.1 for tests (the same launcher users run)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import requests
+
+STANDINS = Path(__file__).resolve().parent / "sglang_standins"
+CPU_ARGS = [
+    "--device", "cpu",
+    "--disable-cuda-graph",
+    "--dtype", "bfloat16",
+    "--max-total-tokens", "4096",
+    "--mem-fraction-static", "0.1",
+    "--skip-server-warmup",
+]  # fmt: skip
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a spawned server: the CPU stand-ins first on PYTHONPATH."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(STANDINS), env.get("PYTHONPATH")) if p)
+    env.setdefault("SGLANG_PLUGINS", "bastion")  # only this package's plugin, deterministically
+    env.update(extra or {})
+    return env
+
+
+def launch_command(model: Path, args: Sequence[str], port: int) -> list[str]:
+    """The ``python -m sglang.launch_server`` command line for a CPU test server."""
+    return [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", str(model),
+        "--host", "127.0.0.1", "--port", str(port),
+        *CPU_ARGS, *args,
+    ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def sglang_server(
+    model: Path,
+    args: Sequence[str],
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 240.0,
+) -> Iterator[str]:
+    """A running server's base URL; the whole process group is stopped on exit."""
+    port = free_port()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            launch_command(model, args, port),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=server_env(env),
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log_path, timeout_s)
+        yield url
+    finally:
+        stop(proc)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
+    """Block until ``url`` answers /health, or fail with the tail of the server log."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{tail(log_path)}")
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"server not healthy after {timeout_s:.0f}s:\n{tail(log_path)}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Terminate the server's process group, killing it if it does not exit promptly."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The last lines of a log file."""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def run_to_exit(model: Path, args: Sequence[str], timeout_s: float = 120.0) -> tuple[int, str]:
+    """Start a server expected to refuse its arguments; its exit code and output."""
+    proc = subprocess.run(
+        launch_command(model, args, free_port()),
+        capture_output=True,
+        text=True,
+        env=server_env(),
+        timeout=timeout_s,
+        start_new_session=True,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def generate(url: str, prompt: str, max_tokens: int, **sampling: object) -> dict:
+    """SGLang's native /generate for one prompt; the JSON reply."""
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": max_tokens, **sampling}}
+    reply = requests.post(f"{url}/generate", json=body, timeout=600)
+    reply.raise_for_status()
+    return reply.json()

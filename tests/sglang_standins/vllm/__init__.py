@@ -1,0 +1,1 @@
+"""Test-only stand-in: vLLM is not installed on CPU test hosts (see ../README.md)."""

@@ -1,0 +1,213 @@
+"""BASTION inside a real SGLang server on this CPU: lossless over HTTP, clear refusals.
+
+Servers are real ``python -m sglang.launch_server`` processes on 127.0.0.1, started once per
+session. The target's LM head prefers one of four tokens (see ``tiny_models.write_target``),
+so the drafter, which shares that head, proposes the target's tokens often and trees are
+accepted several levels deep: acceptance, KV moves and mid-path stops are all exercised.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+from server_utils import run_to_exit, sglang_server
+from tiny_models import write_drafter, write_target
+
+pytestmark = pytest.mark.slow
+
+FEW_TOKENS = (300, 301, 302, 303)
+BACKEND = ["--attention-backend", "triton"]
+SERVER_ENV = {"TRITON_INTERPRET": "1", "SGLANG_BASTION_TOPK": "4"}
+PROMPTS = [f"def f{i}(x):\n    return x * {i} +" for i in range(12)] + [
+    "import os\n", "class A:\n    pass\n", "for i in range(3):", "# comment\n",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def pair(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny Qwen3 target that emits one of four tokens, and a DFlash drafter for it."""
+    root = tmp_path_factory.mktemp("pair")
+    target = write_target(root / "target", few_tokens=FEW_TOKENS)
+    return target, write_drafter(root / "drafter", target)
+
+
+@pytest.fixture(scope="session")
+def plain_url(pair, tmp_path_factory):
+    """The same target served without speculation."""
+    log = tmp_path_factory.mktemp("logs") / "plain.log"
+    with sglang_server(pair[0], BACKEND, log, env=SERVER_ENV) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def bastion_url(pair, tmp_path_factory):
+    """The target served with BASTION trees of up to 16 nodes."""
+    log = tmp_path_factory.mktemp("logs") / "bastion.log"
+    args = [
+        *BACKEND,
+        "--speculative-algorithm", "BASTION",
+        "--speculative-draft-model-path", str(pair[1]),
+        "--speculative-num-draft-tokens", "16",
+    ]  # fmt: skip
+    with sglang_server(pair[0], args, log, env=SERVER_ENV) as url:
+        yield url
+
+
+def complete(url: str, prompt: str, **kwargs: object) -> tuple[list[int], str]:
+    """Greedy completion through the OpenAI client: output ids and finish reason."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+    reply = client.completions.create(
+        model="default",
+        prompt=prompt,
+        temperature=0,
+        extra_body={"return_output_ids": True} | kwargs.pop("extra_body", {}),
+        **kwargs,
+    )
+    choice = reply.choices[0]
+    return list(getattr(choice, "output_ids", None) or _ids(url, choice.text)), choice.finish_reason
+
+
+def _ids(url: str, text: str) -> list[int]:
+    """Token ids of ``text`` as the server tokenises it (fallback when ids are not returned)."""
+    reply = requests.post(f"{url}/tokenize", json={"prompt": text, "add_special_tokens": False})
+    return reply.json()["tokens"]
+
+
+def run_all(url: str, requests_kwargs: list[dict]) -> list[tuple[list[int], str]]:
+    """Send every request, 8 at a time, and return their results in order."""
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(lambda kw: complete(url, **dict(kw)), requests_kwargs))
+
+
+def test_greedy_output_equals_the_plain_server_for_concurrent_prompts(plain_url, bastion_url):
+    batch = [{"prompt": p, "max_tokens": 20 + 3 * (i % 4)} for i, p in enumerate(PROMPTS)]
+    assert run_all(bastion_url, batch) == run_all(plain_url, batch)
+
+
+def test_stops_inside_an_accepted_path_cut_where_the_plain_server_cuts(plain_url, bastion_url):
+    batch = [
+        {"prompt": PROMPTS[0], "max_tokens": 7},  # max_tokens mid-block
+        {"prompt": PROMPTS[1], "max_tokens": 30, "extra_body": {"stop_token_ids": [303]}},
+        {"prompt": PROMPTS[2], "max_tokens": 30, "extra_body": {"stop_token_ids": [300, 302]}},
+    ]
+    plain, bastion = run_all(plain_url, batch), run_all(bastion_url, batch)
+    assert bastion == plain
+    assert plain[0][1] == "length" and len(plain[0][0]) == 7
+
+
+def test_stop_strings_cut_where_the_plain_server_cuts(plain_url, bastion_url):
+    text = (
+        openai.OpenAI(base_url=f"{plain_url}/v1", api_key="none")
+        .completions.create(model="default", prompt=PROMPTS[3], max_tokens=24, temperature=0)
+        .choices[0]
+        .text
+    )
+    stop = text[len(text) // 2 : len(text) // 2 + 2]  # a string that occurs mid-generation
+    batch = [{"prompt": PROMPTS[3], "max_tokens": 24, "stop": [stop]}]
+    assert run_all(bastion_url, batch) == run_all(plain_url, batch)
+
+
+def test_streaming_chat_equals_non_streaming_chat(bastion_url, plain_url):
+    client = openai.OpenAI(base_url=f"{bastion_url}/v1", api_key="none")
+    messages = [{"role": "user", "content": "write a loop"}]
+    whole = (
+        client.chat.completions.create(
+            model="default", messages=messages, max_tokens=20, temperature=0
+        )
+        .choices[0]
+        .message.content
+    )
+    chunks = client.chat.completions.create(
+        model="default", messages=messages, max_tokens=20, temperature=0, stream=True
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    plain = (
+        openai.OpenAI(base_url=f"{plain_url}/v1", api_key="none")
+        .chat.completions.create(model="default", messages=messages, max_tokens=20, temperature=0)
+        .choices[0]
+        .message.content
+    )
+    assert streamed == whole == plain
+
+
+def test_trees_are_accepted_more_than_one_token_per_step(bastion_url):
+    reply = requests.post(
+        f"{bastion_url}/generate",
+        json={"text": PROMPTS[5], "sampling_params": {"max_new_tokens": 32, "temperature": 0}},
+        timeout=600,
+    ).json()
+    assert reply["meta_info"]["spec_accept_length"] > 1.5
+
+
+def test_sampling_at_temperature_one_runs(bastion_url):
+    reply = requests.post(
+        f"{bastion_url}/generate",
+        json={
+            "text": [PROMPTS[6]] * 4,
+            "sampling_params": {"max_new_tokens": 16, "temperature": 1.0, "top_p": 0.9},
+        },
+        timeout=600,
+    ).json()
+    assert [len(r["output_ids"]) for r in reply] == [16] * 4
+
+
+def used_tokens(url: str) -> int:
+    """Tokens the server holds in its KV pool beyond the cached prefixes (0 when idle)."""
+    requests.post(f"{url}/flush_cache", timeout=60)
+    loads = requests.get(f"{url}/v1/loads", params={"include": "core"}, timeout=60).json()
+    return int(loads["loads"][0]["num_used_tokens"])
+
+
+def test_token_usage_returns_to_idle_after_load(bastion_url):
+    before = used_tokens(bastion_url)
+    run_all(bastion_url, [{"prompt": p, "max_tokens": 12} for p in PROMPTS[:8]])
+    assert used_tokens(bastion_url) == before
+
+
+# --- bad input fails fast with one line --------------------------------------------------
+
+
+def refusal(pair: tuple[Path, Path], drafter: Path | str | None, *extra: str) -> str:
+    """Start a BASTION server expected to refuse; its output (asserting a quick failure)."""
+    args = [*BACKEND, "--speculative-algorithm", "BASTION", *extra]
+    if drafter is not None:
+        args += ["--speculative-draft-model-path", str(drafter)]
+    code, output = run_to_exit(pair[0], args)
+    assert code != 0
+    assert "Traceback" not in output, output[-2000:]
+    return output
+
+
+def test_missing_drafter_path_is_refused(pair):
+    assert "--speculative-draft-model-path" in refusal(pair, None)
+
+
+def test_drafter_with_another_hidden_size_is_refused(pair, tmp_path):
+    drafter = write_drafter(tmp_path / "wide", pair[0], hidden=96)
+    assert "hidden_size=96" in refusal(pair, drafter)
+
+
+def test_drafter_with_another_vocabulary_is_refused(pair, tmp_path):
+    drafter = write_drafter(tmp_path / "vocab", pair[0], vocab=1000)
+    assert "vocab_size=1000" in refusal(pair, drafter)
+
+
+def test_attention_backend_without_tree_masks_is_refused(pair):
+    output = refusal(pair, pair[1], "--attention-backend", "torch_native")
+    assert "cannot verify trees" in output
+
+
+def test_page_size_above_one_is_refused(pair):
+    assert "--page-size 1" in refusal(pair, pair[1], "--page-size", "16")
+
+
+def test_drafter_tapping_layers_the_target_lacks_is_refused(pair, tmp_path):
+    drafter = write_drafter(tmp_path / "taps", pair[0], target_layer_ids=(0, 3))
+    config = json.loads((drafter / "config.json").read_text())
+    assert config["dflash_config"]["target_layer_ids"] == [0, 3]
+    assert "target_layer_ids" in refusal(pair, drafter)
