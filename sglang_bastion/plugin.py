@@ -20,6 +20,9 @@ def register() -> None:
     except ImportError:  # SGLang is not installed: nothing to register with
         logger.debug("sglang is not importable; BASTION not registered")
         return
+    from sglang_bastion.cpu_attention import register_cpu_attention_backend
+
+    register_cpu_attention_backend()
     if _already_registered(SpeculativeAlgorithm):
         return
     from sglang_bastion.spec_algo import BastionSpecAlgo, validate_server_args

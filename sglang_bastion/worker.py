@@ -54,6 +54,13 @@ from sglang_bastion.tree import accept_path, build_trees, linearize
 logger = logging.getLogger(__name__)
 
 
+def use_torch_qk_norm_rope(model: torch.nn.Module) -> None:
+    """Run the drafter's fused q/k-norm + rotary step in torch (its Triton kernel needs a GPU)."""
+    for module in model.modules():
+        if getattr(module, "use_table_qk_norm_rope", False):
+            module.use_table_qk_norm_rope = False
+
+
 class BastionWorker(DFlashWorkerV2):
     """SGLang's DFlash worker with BASTION's tree drafting and verification in decode."""
 
@@ -72,6 +79,8 @@ class BastionWorker(DFlashWorkerV2):
             draft_token_num=self.block_size, device=self.device
         )
         self._draft_block_ids_buf = None  # re-sized for B on first use
+        if torch.device(self.device).type == "cpu":
+            use_torch_qk_norm_rope(self.draft_model)
         self.options = BastionOptions.from_env()
         self.max_nodes = min(self.options.max_nodes or self.window, self.window)
         self.top_k = self.options.top_k

@@ -1,0 +1,147 @@
+"""Test-only stand-ins for SGLang's built-in DFLASH on a CPU host (see README.md here).
+
+Loaded by every Python process started with this folder on PYTHONPATH (the tests' SGLang
+servers only). Each patch is applied right after its module is first imported, and each
+replaces something that exists only on GPU hosts; none touches this project's code.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+
+def _cache_locs_on_cpu(module: ModuleType) -> None:
+    """`assign_extend_cache_locs_func` has no plain-CPU branch (it returns None there)."""
+    original = module.assign_extend_cache_locs_func
+
+    def assign(*, req_pool_indices, req_to_token, start_offset, end_offset, batch_size,
+               draft_token_num, device):  # fmt: skip
+        if req_to_token.device.type != "cpu":
+            return original(
+                req_pool_indices=req_pool_indices, req_to_token=req_to_token,
+                start_offset=start_offset, end_offset=end_offset, batch_size=batch_size,
+                draft_token_num=draft_token_num, device=device,
+            )  # fmt: skip
+        import torch
+
+        cols = start_offset.view(-1, 1).long() + torch.arange(draft_token_num)
+        return req_to_token[req_pool_indices.view(-1, 1).long(), cols].reshape(-1).long()
+
+    module.assign_extend_cache_locs_func = assign
+    worker = sys.modules.get("sglang.srt.speculative.dflash_worker_v2")
+    if worker is not None:
+        worker.assign_extend_cache_locs_func = assign
+
+
+def _dflash_worker_on_cpu(module: ModuleType) -> None:
+    """DFLASH calls `record_stream` unconditionally; CPU tensors have no streams."""
+    import torch
+
+    original = torch.Tensor.record_stream
+    if getattr(original, "_cpu_standin", False):
+        return
+
+    def record_stream(self, stream):
+        if self.device.type == "cpu":
+            return None
+        return original(self, stream)
+
+    record_stream._cpu_standin = True
+    torch.Tensor.record_stream = record_stream
+
+    # DFLASH's drafter runs its fused q/k-norm + rotary as a Triton kernel, which a CPU can
+    # only interpret (slowly); run the torch path instead, as BASTION's worker does on CPU.
+    original_init = module.DFlashWorkerV2.__init__
+
+    def init(self, *args, **kwargs):
+        from sglang_bastion.worker import use_torch_qk_norm_rope
+
+        original_init(self, *args, **kwargs)
+        if torch.device(self.device).type == "cpu":
+            use_torch_qk_norm_rope(self.draft_model)
+
+    module.DFlashWorkerV2.__init__ = init
+    cache_locs = sys.modules.get("sglang.kernels.ops.speculative.cache_locs")
+    if cache_locs is not None:
+        module.assign_extend_cache_locs_func = cache_locs.assign_extend_cache_locs_func
+
+
+class _DflashGatePlatform:
+    """The CPU platform, presented as out-of-tree and DFLASH-capable for the gate's one check.
+
+    The gate asks ``is_out_of_tree()`` then ``supports_speculative_algorithm()``; answering
+    the second puts the real platform back, so everything after the gate sees it unchanged.
+    """
+
+    def __init__(self, module: ModuleType, real: object) -> None:
+        self._module, self._real = module, real
+
+    def is_out_of_tree(self) -> bool:
+        return True
+
+    def supports_speculative_algorithm(self, algorithm: str) -> bool:
+        self._module.current_platform = self._real
+        return True
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+
+def _dflash_gate_on_cpu(module: ModuleType) -> None:
+    """SGLang's DFLASH start-up gate admits only cuda/npu/xpu devices."""
+    original = module._handle_dflash
+
+    def handle(server_args):
+        real = module.current_platform
+        module.current_platform = _DflashGatePlatform(module, real)
+        try:
+            return original(server_args)
+        finally:
+            module.current_platform = real
+
+    module._handle_dflash = handle
+
+
+PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "sglang.kernels.ops.speculative.cache_locs": _cache_locs_on_cpu,
+    "sglang.srt.speculative.dflash_worker_v2": _dflash_worker_on_cpu,
+    "sglang.srt.arg_groups.speculative_hook": _dflash_gate_on_cpu,
+}
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Runs a module's patch right after the module executes."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in PATCHES:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _PatchingLoader(spec.loader, PATCHES[name])
+        return spec
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Delegates to the real loader, then applies the patch."""
+
+    def __init__(self, loader: importlib.abc.Loader, patch: Callable[[ModuleType], None]):
+        self._loader, self._patch = loader, patch
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._patch(module)
+
+
+sys.meta_path.insert(0, _PatchAfterImport())
