@@ -1,6 +1,20 @@
-"""Make the tests' shared helpers importable as a plain module."""
+"""Shared fixtures; the tests' helper modules are importable as plain modules."""
 
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
+
+FEW_TOKENS = (300, 301, 302, 303)
+
+
+@pytest.fixture(scope="session")
+def pair(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny Qwen3 target that emits one of four tokens, and a DFlash drafter for it."""
+    from tiny_models import write_drafter, write_target
+
+    root = tmp_path_factory.mktemp("pair")
+    target = write_target(root / "target", few_tokens=FEW_TOKENS)
+    return target, write_drafter(root / "drafter", target)

@@ -10,11 +10,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import openai
 import requests
 
 STANDINS = Path(__file__).resolve().parent / "sglang_standins"
+# TRITON_INTERPRET: SGLang warms a Triton KV-copy kernel up for every speculative server.
+SERVER_ENV = {"TRITON_INTERPRET": "1", "SGLANG_BASTION_TOPK": "4"}
 CPU_ARGS = [
     "--device", "cpu",
     "--disable-cuda-graph",
@@ -128,3 +132,43 @@ def generate(url: str, prompt: str, max_tokens: int, **sampling: object) -> dict
     reply = requests.post(f"{url}/generate", json=body, timeout=600)
     reply.raise_for_status()
     return reply.json()
+
+
+def bastion_args(drafter: Path, max_nodes: int) -> list[str]:
+    """Launcher arguments for BASTION with trees of up to ``max_nodes`` nodes."""
+    return [
+        "--speculative-algorithm", "BASTION",
+        "--speculative-draft-model-path", str(drafter),
+        "--speculative-num-draft-tokens", str(max_nodes),
+    ]  # fmt: skip
+
+
+def dflash_args(drafter: Path) -> list[str]:
+    """Launcher arguments for SGLang's own DFLASH with the same drafter."""
+    return ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(drafter)]
+
+
+def complete(url: str, prompt: str, **kwargs: object) -> tuple[list[int], str]:
+    """Greedy completion through the OpenAI client: output ids and finish reason."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+    reply = client.completions.create(
+        model="default",
+        prompt=prompt,
+        temperature=0,
+        extra_body={"return_output_ids": True} | kwargs.pop("extra_body", {}),
+        **kwargs,
+    )
+    choice = reply.choices[0]
+    return list(getattr(choice, "output_ids", None) or _ids(url, choice.text)), choice.finish_reason
+
+
+def _ids(url: str, text: str) -> list[int]:
+    """Token ids of ``text`` as the server tokenises it (fallback when ids are not returned)."""
+    reply = requests.post(f"{url}/tokenize", json={"prompt": text, "add_special_tokens": False})
+    return reply.json()["tokens"]
+
+
+def run_all(url: str, requests_kwargs: list[dict]) -> list[tuple[list[int], str]]:
+    """Send every request, 8 at a time, and return their results in order."""
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(lambda kw: complete(url, **dict(kw)), requests_kwargs))

@@ -11,33 +11,29 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
 import pytest
 import requests
 from scipy.stats import chi2_contingency
-from server_utils import run_to_exit, sglang_server
-from tiny_models import write_drafter, write_target
+from server_utils import (
+    SERVER_ENV,
+    bastion_args,
+    complete,
+    dflash_args,
+    run_all,
+    run_to_exit,
+    sglang_server,
+)
+from tiny_models import write_drafter
 
 pytestmark = pytest.mark.slow
 
-FEW_TOKENS = (300, 301, 302, 303)
 BACKEND = ["--attention-backend", "bastion_cpu", "--max-total-tokens", "8192", "--random-seed", "7"]
-# TRITON_INTERPRET: SGLang warms a Triton KV-copy kernel up for every speculative server.
-SERVER_ENV = {"TRITON_INTERPRET": "1", "SGLANG_BASTION_TOPK": "4"}
 PROMPTS = [f"def f{i}(x):\n    return x * {i} +" for i in range(12)] + [
     "import os\n", "class A:\n    pass\n", "for i in range(3):", "# comment\n",
 ]  # fmt: skip
-
-
-@pytest.fixture(scope="session")
-def pair(tmp_path_factory) -> tuple[Path, Path]:
-    """A tiny Qwen3 target that emits one of four tokens, and a DFlash drafter for it."""
-    root = tmp_path_factory.mktemp("pair")
-    target = write_target(root / "target", few_tokens=FEW_TOKENS)
-    return target, write_drafter(root / "drafter", target)
 
 
 @pytest.fixture(scope="session")
@@ -52,12 +48,7 @@ def plain_url(pair, tmp_path_factory):
 def dflash_url(pair, tmp_path_factory):
     """The target served with SGLang's own DFLASH (a chain of the drafter's block)."""
     log = tmp_path_factory.mktemp("logs") / "dflash.log"
-    args = [
-        *BACKEND,
-        "--speculative-algorithm", "DFLASH",
-        "--speculative-draft-model-path", str(pair[1]),
-    ]  # fmt: skip
-    with sglang_server(pair[0], args, log, env=SERVER_ENV) as url:
+    with sglang_server(pair[0], [*BACKEND, *dflash_args(pair[1])], log, env=SERVER_ENV) as url:
         yield url
 
 
@@ -65,40 +56,8 @@ def dflash_url(pair, tmp_path_factory):
 def bastion_url(pair, tmp_path_factory):
     """The target served with BASTION trees of up to 16 nodes."""
     log = tmp_path_factory.mktemp("logs") / "bastion.log"
-    args = [
-        *BACKEND,
-        "--speculative-algorithm", "BASTION",
-        "--speculative-draft-model-path", str(pair[1]),
-        "--speculative-num-draft-tokens", "16",
-    ]  # fmt: skip
-    with sglang_server(pair[0], args, log, env=SERVER_ENV) as url:
+    with sglang_server(pair[0], [*BACKEND, *bastion_args(pair[1], 16)], log, env=SERVER_ENV) as url:
         yield url
-
-
-def complete(url: str, prompt: str, **kwargs: object) -> tuple[list[int], str]:
-    """Greedy completion through the OpenAI client: output ids and finish reason."""
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
-    reply = client.completions.create(
-        model="default",
-        prompt=prompt,
-        temperature=0,
-        extra_body={"return_output_ids": True} | kwargs.pop("extra_body", {}),
-        **kwargs,
-    )
-    choice = reply.choices[0]
-    return list(getattr(choice, "output_ids", None) or _ids(url, choice.text)), choice.finish_reason
-
-
-def _ids(url: str, text: str) -> list[int]:
-    """Token ids of ``text`` as the server tokenises it (fallback when ids are not returned)."""
-    reply = requests.post(f"{url}/tokenize", json={"prompt": text, "add_special_tokens": False})
-    return reply.json()["tokens"]
-
-
-def run_all(url: str, requests_kwargs: list[dict]) -> list[tuple[list[int], str]]:
-    """Send every request, 8 at a time, and return their results in order."""
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        return list(pool.map(lambda kw: complete(url, **dict(kw)), requests_kwargs))
 
 
 GREEDY_BATCH = [{"prompt": p, "max_tokens": 20 + 3 * (i % 4)} for i, p in enumerate(PROMPTS)]
