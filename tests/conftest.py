@@ -1,10 +1,13 @@
 """Shared fixtures; the tests' helper modules are importable as plain modules."""
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
+# SGLang's Triton kernels can only be interpreted on a CPU; the flag must precede their import.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
 FEW_TOKENS = (300, 301, 302, 303)

@@ -19,6 +19,8 @@ import requests
 from scipy.stats import chi2_contingency
 from server_utils import (
     SERVER_ENV,
+    assert_all_same,
+    assert_same_greedy,
     bastion_args,
     complete,
     dflash_args,
@@ -64,22 +66,24 @@ GREEDY_BATCH = [{"prompt": p, "max_tokens": 20 + 3 * (i % 4)} for i, p in enumer
 
 
 def test_greedy_output_equals_the_plain_server_for_concurrent_prompts(plain_url, bastion_url):
-    assert run_all(bastion_url, GREEDY_BATCH) == run_all(plain_url, GREEDY_BATCH)
+    got, want = run_all(bastion_url, GREEDY_BATCH), run_all(plain_url, GREEDY_BATCH)
+    assert_all_same(plain_url, GREEDY_BATCH, got, want)
 
 
-def test_greedy_output_equals_dflash(dflash_url, bastion_url):
-    assert run_all(bastion_url, GREEDY_BATCH) == run_all(dflash_url, GREEDY_BATCH)
+def test_greedy_output_equals_dflash(dflash_url, bastion_url, plain_url):
+    got, want = run_all(bastion_url, GREEDY_BATCH), run_all(dflash_url, GREEDY_BATCH)
+    assert_all_same(plain_url, GREEDY_BATCH, got, want)
 
 
 def test_stops_inside_an_accepted_path_cut_where_the_plain_server_cuts(plain_url, bastion_url):
     batch = [
         {"prompt": PROMPTS[0], "max_tokens": 7},  # max_tokens mid-block
-        {"prompt": PROMPTS[1], "max_tokens": 30, "extra_body": {"stop_token_ids": [303]}},
-        {"prompt": PROMPTS[2], "max_tokens": 30, "extra_body": {"stop_token_ids": [300, 302]}},
+        {"prompt": PROMPTS[1], "max_tokens": 30, "stop_token_ids": [303]},
+        {"prompt": PROMPTS[2], "max_tokens": 30, "stop_token_ids": [300, 302]},
     ]
     plain, bastion = run_all(plain_url, batch), run_all(bastion_url, batch)
-    assert bastion == plain
-    assert plain[0][1] == "length" and len(plain[0][0]) == 7
+    assert_all_same(plain_url, batch, bastion, plain)
+    assert plain[0][1] == bastion[0][1] == "length" and len(bastion[0][0]) == 7
 
 
 def test_stop_strings_cut_where_the_plain_server_cuts(plain_url, bastion_url):
@@ -91,7 +95,7 @@ def test_stop_strings_cut_where_the_plain_server_cuts(plain_url, bastion_url):
     )
     stop = text[len(text) // 2 : len(text) // 2 + 2]  # a string that occurs mid-generation
     batch = [{"prompt": PROMPTS[3], "max_tokens": 24, "stop": [stop]}]
-    assert run_all(bastion_url, batch) == run_all(plain_url, batch)
+    assert_all_same(plain_url, batch, run_all(bastion_url, batch), run_all(plain_url, batch))
 
 
 def test_streaming_chat_equals_non_streaming_chat(bastion_url, plain_url):
@@ -177,6 +181,21 @@ def stream_then_abort(url: str, prompt: str, chunks: int) -> None:
                 break
 
 
+def tokens(url: str, text: str) -> list[int]:
+    """``text`` as the server tokenises it."""
+    reply = requests.post(f"{url}/tokenize", json={"prompt": text}, timeout=60)
+    return reply.json()["tokens"]
+
+
+def plain_text(url: str, prompt: str, max_tokens: int) -> str:
+    """A non-streamed greedy completion's text through the OpenAI client."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+    reply = client.completions.create(
+        model="default", prompt=prompt, max_tokens=max_tokens, temperature=0
+    )
+    return reply.choices[0].text
+
+
 def streamed(url: str, prompt: str, max_tokens: int) -> str:
     """A streamed greedy completion's text."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
@@ -191,7 +210,8 @@ def test_64_concurrent_requests_with_aborts_stay_exact_and_leave_nothing_behind(
 ):
     idle = used_tokens(bastion_url)
     prompts = [f"x{i} = [{i}, {i + 1}," for i in range(64)]
-    expected = run_all(plain_url, [{"prompt": p, "max_tokens": 12} for p in prompts[:48]])
+    batch = [{"prompt": p, "max_tokens": 12} for p in prompts[:48]]
+    expected = run_all(plain_url, batch)
     results: dict[int, object] = {}
 
     def one(i: int) -> None:
@@ -207,17 +227,11 @@ def test_64_concurrent_requests_with_aborts_stay_exact_and_leave_nothing_behind(
         thread.start()
     for thread in threads:
         thread.join(timeout=600)
-    assert [results[i] for i in range(40)] == expected[:40]
-    plain_text = openai.OpenAI(base_url=f"{plain_url}/v1", api_key="none")
-    for i in range(40, 48):
-        want = (
-            plain_text.completions.create(
-                model="default", prompt=prompts[i], max_tokens=12, temperature=0
-            )
-            .choices[0]
-            .text
-        )
-        assert results[i] == want
+    assert_all_same(plain_url, batch[:40], [results[i] for i in range(40)], expected[:40])
+    for i in range(40, 48):  # streamed through the OpenAI client: compare as token ids
+        got = tokens(plain_url, results[i])
+        want = tokens(plain_url, plain_text(plain_url, prompts[i], 12))
+        assert_same_greedy(plain_url, prompts[i], (got, "length"), (want, "length"))
     assert used_tokens(bastion_url) == idle
 
 

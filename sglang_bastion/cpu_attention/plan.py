@@ -1,0 +1,80 @@
+"""The per-forward plan of the ``bastion_cpu`` backend: what every layer of one pass shares.
+
+Pure PyTorch (no SGLang imports): the backend fills it from a ForwardBatch once per forward;
+each layer then asks it for the mask of its causality (built once, or in row chunks when a
+long prefill would make it too large).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sglang_bastion.cpu_attention import kernels
+from sglang_bastion.cpu_attention.kernels import RaggedLayout
+
+MASK_ELEMENTS = 1 << 24  # largest mask built at once (64 MiB of float32); beyond: row chunks
+
+
+@dataclass
+class CpuForwardMetadata:
+    """Per-forward plan shared by every layer."""
+
+    decode: bool
+    kv_slots: torch.Tensor  # [B, S] long: pool slot of every key column (0 past a request)
+    layout: RaggedLayout | None  # extend/verify: where each query token sits (None: decode)
+    prefix_lens: torch.Tensor  # [B] long: cached tokens before the query block
+    query_lens: torch.Tensor  # [B] long: query tokens per request
+    kv_lens: torch.Tensor  # [B] long: key columns per request (prefix + query block)
+    draft_mask: torch.Tensor | None  # [B, Q, Q] bool tree visibility (None: causal / full)
+    all_prefixes_empty: bool  # no request has a prefix: top-left causal alignment is exact
+    equal_kv_lens: bool  # every request has S key columns: no padding column to hide
+    _masks: dict[bool, torch.Tensor | None] = field(default_factory=dict)
+
+    @property
+    def max_q(self) -> int:
+        """Padded query rows per request Q."""
+        return 1 if self.layout is None else self.layout.max_q
+
+    def needs_mask(self, causal: bool) -> bool:
+        """Whether SDPA needs an explicit mask (else none, or its own top-left is_causal)."""
+        if self.decode:
+            return not self.equal_kv_lens
+        if self.draft_mask is None and self.all_prefixes_empty:
+            return not (causal or self.equal_kv_lens)
+        return True
+
+    def row_chunks(self) -> list[tuple[int, int]]:
+        """Query-row ranges whose masks stay within MASK_ELEMENTS (one range when it fits)."""
+        batch, max_kv = self.kv_slots.shape
+        step = max(1, MASK_ELEMENTS // max(1, batch * max_kv))
+        return [(start, min(start + step, self.max_q)) for start in range(0, self.max_q, step)]
+
+    def mask(self, causal: bool, rows: tuple[int, int]) -> torch.Tensor | None:
+        """Additive [B, 1, R, S] mask of query rows ``rows``, None when SDPA needs none."""
+        if not self.needs_mask(causal):
+            return None
+        if rows != (0, self.max_q):
+            return self._build_mask(causal, rows)  # a chunk of an oversized mask
+        if causal not in self._masks:
+            self._masks[causal] = self._build_mask(causal, rows)
+        return self._masks[causal]
+
+    def _build_mask(self, causal: bool, rows: tuple[int, int]) -> torch.Tensor:
+        """Build the additive mask of query rows ``rows``."""
+        max_kv = self.kv_slots.shape[1]
+        if self.decode:
+            columns = torch.arange(max_kv, device=self.kv_slots.device)
+            visible = (columns < self.kv_lens.unsqueeze(1)).unsqueeze(1)  # [B, 1, S]
+        else:
+            visible = kernels.visibility(
+                self.prefix_lens,
+                self.query_lens,
+                self.max_q,
+                max_kv,
+                causal=causal,
+                draft_mask=self.draft_mask,
+                rows=rows,
+            )
+        return kernels.additive_mask(visible)
