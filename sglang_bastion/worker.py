@@ -47,6 +47,7 @@ from sglang.srt.speculative.draft_worker_common import (
 )
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+from sglang_bastion.controller import fixed_sizes
 from sglang_bastion.options import BastionOptions
 from sglang_bastion.spec_algo import drafter_block_size
 from sglang_bastion.tree import accept_path, build_trees, linearize
@@ -128,6 +129,7 @@ class BastionWorker(DFlashWorkerV2):
             probs, draft_input.bonus_tokens.to(torch.long), top_k=min(self.top_k, probs.shape[-1]),
             max_nodes=self.max_nodes,
         )  # fmt: skip
+        trees = trees.truncate(self._tree_sizes(trees, batch_size=bs, context_lens=prefix))
         width = self.max_nodes
         verify = linearize(trees, prefix)
         logits_output, hidden = self._verify(batch, verify, window[:, :width], prefix_cpu, width)
@@ -150,6 +152,17 @@ class BastionWorker(DFlashWorkerV2):
             speculative_num_draft_tokens=int(self.block_size),
             new_seq_lens=new_seq_lens,
         )
+
+    def _tree_sizes(
+        self, trees: Any, *, batch_size: int, context_lens: torch.Tensor
+    ) -> torch.Tensor:
+        """[bs] nodes each request verifies this step, for the batch's size and contexts.
+
+        The budget is fixed at N (``--speculative-num-draft-tokens``) until a latency profile
+        drives the adaptive controller; the batch size and context lengths are what it reads.
+        """
+        del batch_size, context_lens  # read by the adaptive controller (calibration issue)
+        return fixed_sizes(trees, self.max_nodes)
 
     def _draft_marginals(
         self, batch: Any, draft_input: Any, window: torch.Tensor, prefix: torch.Tensor,
