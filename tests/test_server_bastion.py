@@ -1,9 +1,10 @@
 """BASTION inside a real SGLang server on this CPU: lossless over HTTP, clear refusals.
 
-Servers are real ``python -m sglang.launch_server`` processes on 127.0.0.1, started once per
-session. The target's LM head prefers one of four tokens (see ``tiny_models.write_target``),
-so the drafter, which shares that head, proposes the target's tokens often and trees are
-accepted several levels deep: acceptance, KV moves and mid-path stops are all exercised.
+Servers are real ``python -m sglang.launch_server`` processes on 127.0.0.1, started once for
+this module (idle SGLang schedulers keep polling, so they stop when the module is done). The
+target's LM head prefers one of four tokens (see ``tiny_models.write_target``), so the
+drafter, which shares that head, proposes the target's tokens often and trees are accepted
+several levels deep: acceptance, KV moves and mid-path stops are all exercised.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ PROMPTS = [f"def f{i}(x):\n    return x * {i} +" for i in range(12)] + [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def plain_url(pair, tmp_path_factory):
     """The same target served without speculation."""
     log = tmp_path_factory.mktemp("logs") / "plain.log"
@@ -46,7 +47,7 @@ def plain_url(pair, tmp_path_factory):
         yield url
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dflash_url(pair, tmp_path_factory):
     """The target served with SGLang's own DFLASH (a chain of the drafter's block)."""
     log = tmp_path_factory.mktemp("logs") / "dflash.log"
@@ -54,7 +55,7 @@ def dflash_url(pair, tmp_path_factory):
         yield url
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def bastion_url(pair, tmp_path_factory):
     """The target served with BASTION trees of up to 16 nodes."""
     log = tmp_path_factory.mktemp("logs") / "bastion.log"
