@@ -112,7 +112,7 @@ def tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def run_to_exit(model: Path, args: Sequence[str], timeout_s: float = 120.0) -> tuple[int, str]:
+def run_to_exit(model: Path, args: Sequence[str], timeout_s: float = 300.0) -> tuple[int, str]:
     """Start a server expected to refuse its arguments; its exit code and output."""
     proc = subprocess.run(
         launch_command(model, args, free_port()),
