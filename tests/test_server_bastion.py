@@ -1,4 +1,4 @@
-"""BASTION inside a real SGLang server on this CPU: lossless over HTTP (refusals: test_server_refusals).
+"""BASTION inside a real SGLang server on this CPU: lossless over HTTP.
 
 Servers are real ``python -m sglang.launch_server`` processes on 127.0.0.1, started once for
 this module (idle SGLang schedulers keep polling, so they stop when the module is done). The
