@@ -1,0 +1,1 @@
+"""Latency calibration: bastion-calibrate and the shipped profiles."""

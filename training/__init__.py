@@ -1,0 +1,1 @@
+"""The tiny trained target/drafter pair: corpus, tokenizer, models and the trainer."""
