@@ -14,9 +14,7 @@ budget controller with a roofline cost model of a named GPU and target.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
 import sys
 import sysconfig
 import time
@@ -30,11 +28,11 @@ from tqdm import tqdm
 
 from sglang_bastion.budget import HARDWARE, Hardware, LatencyModel, ModelShape, cost_vector_ms
 from sglang_bastion.controller import per_request_sizes, uniform_width
+from sglang_bastion.training.corpus import split_files, stdlib_files
 from sglang_bastion.tree import TreeBatch, accept_path, build_trees
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 256  # byte-level tokens
-SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}  # not the standard library
 
 
 @dataclass(frozen=True)
@@ -45,29 +43,6 @@ class Corpus:
     file_start: np.ndarray  # [T] int64: offset of the first byte of this byte's file
     file_end: np.ndarray  # [T] int64: offset one past the last byte of this byte's file
     num_files: int
-
-
-def stdlib_files(root: Path) -> list[str]:
-    """Relative posix paths of the standard library's ``*.py`` files, sorted."""
-    found = []
-    for directory, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-        rel = Path(directory).relative_to(root)
-        found += [(rel / f).as_posix() for f in files if f.endswith(".py")]
-    return sorted(found)
-
-
-def name_hash(name: str) -> int:
-    """A stable 64-bit hash of a file name (the same on every machine and run)."""
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
-
-
-def split_files(names: list[str], held_out_percent: int) -> tuple[list[str], list[str]]:
-    """(train, held-out) file names, split by name hash and each ordered by it."""
-    ordered = sorted(names, key=lambda n: (name_hash(n) // 100, n))
-    held = [n for n in ordered if name_hash(n) % 100 < held_out_percent]
-    train = [n for n in ordered if name_hash(n) % 100 >= held_out_percent]
-    return train, held
 
 
 def load_corpus(root: Path, names: list[str], cap_bytes: int) -> Corpus:

@@ -8,17 +8,37 @@ from dataclasses import dataclass
 
 ENV_TOP_K = "SGLANG_BASTION_TOPK"
 ENV_MAX_NODES = "SGLANG_BASTION_DEFAULT_MAX_NODES"
+ENV_PROFILE = "SGLANG_BASTION_PROFILE"
+ENV_MODE = "SGLANG_BASTION_MODE"
+ENV_LAYOUT = "SGLANG_BASTION_LAYOUT"
+ENV_EMA_ALPHA = "SGLANG_BASTION_EMA_ALPHA"
+ENV_TRACE = "SGLANG_BASTION_TRACE"
+ENV_TRACE_STEPS = "SGLANG_BASTION_TRACE_STEPS"
 # Set by the launcher once it has resolved N (--speculative-num-draft-tokens), for the worker.
 ENV_RESOLVED_MAX_NODES = "_SGLANG_BASTION_RESOLVED_MAX_NODES"
+
+MODES = ("fixed", "static", "ema", "ema_calib")  # fixed N, then the latency model's modes
+LAYOUTS = ("uniform", "ragged")
 
 
 @dataclass(frozen=True)
 class BastionOptions:
-    """Knobs beyond SGLang's flags: K of the top-K lattice and the default tree size."""
+    """Knobs beyond SGLang's flags: lattice width, tree budget, controller, tracing."""
 
     top_k: int = 8  # K: candidate tokens per draft position
     default_max_nodes: int = 16  # N when --speculative-num-draft-tokens is not given
     max_nodes: int | None = None  # N as the launcher resolved it
+    profile: str | None = None  # latency profile from bastion-calibrate
+    mode: str | None = None  # None: "static" with a profile, else "fixed"
+    layout: str = "uniform"  # one width per batch, or per-request first-drop sizes
+    ema_alpha: float = 0.1  # weight of the newest observed/predicted ratio (ema modes)
+    trace: str | None = None  # JSONL file the worker appends one record per step to
+    trace_steps: int = 5000  # at most this many steps are traced
+
+    @property
+    def resolved_mode(self) -> str:
+        """The controller mode in force: the explicit one, else static with a profile."""
+        return self.mode or ("static" if self.profile else "fixed")
 
     @classmethod
     def from_env(cls) -> BastionOptions:
@@ -27,6 +47,12 @@ class BastionOptions:
             top_k=_int_env(ENV_TOP_K, cls.top_k),
             default_max_nodes=_int_env(ENV_MAX_NODES, cls.default_max_nodes),
             max_nodes=_int_env(ENV_RESOLVED_MAX_NODES, 0) or None,
+            profile=os.environ.get(ENV_PROFILE) or None,
+            mode=(os.environ.get(ENV_MODE) or "").strip().lower() or None,
+            layout=(os.environ.get(ENV_LAYOUT) or cls.layout).strip().lower(),
+            ema_alpha=_float_env(ENV_EMA_ALPHA, cls.ema_alpha),
+            trace=os.environ.get(ENV_TRACE) or None,
+            trace_steps=_int_env(ENV_TRACE_STEPS, cls.trace_steps),
         )
 
     def validate(self) -> None:
@@ -35,6 +61,20 @@ class BastionOptions:
             raise ValueError(f"{ENV_TOP_K}={self.top_k} must be between 1 and 64")
         if self.default_max_nodes < 1:
             raise ValueError(f"{ENV_MAX_NODES}={self.default_max_nodes} must be at least 1")
+        if self.mode is not None and self.mode not in MODES:
+            raise ValueError(f"{ENV_MODE}={self.mode} must be one of {', '.join(MODES)}")
+        if self.resolved_mode != "fixed" and not self.profile:
+            raise ValueError(
+                f"{ENV_MODE}={self.resolved_mode} needs a latency profile: run "
+                f"bastion-calibrate for this target and drafter, then set {ENV_PROFILE}=<file>"
+                f" (or {ENV_MODE}=fixed for a fixed tree size)"
+            )
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"{ENV_LAYOUT}={self.layout} must be one of {', '.join(LAYOUTS)}")
+        if not 0 < self.ema_alpha <= 1:
+            raise ValueError(f"{ENV_EMA_ALPHA}={self.ema_alpha} must be in (0, 1]")
+        if self.trace_steps < 1:
+            raise ValueError(f"{ENV_TRACE_STEPS}={self.trace_steps} must be at least 1")
 
 
 def _int_env(name: str, default: int) -> int:
@@ -46,3 +86,14 @@ def _int_env(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} must be an integer") from None
+
+
+def _float_env(name: str, default: float) -> float:
+    """A float environment variable, or ``default`` when unset."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} must be a number") from None

@@ -25,6 +25,7 @@ def register() -> None:
     register_cpu_attention_backend()
     if _already_registered(SpeculativeAlgorithm):
         return
+    _register_server_info_hook()
     from sglang_bastion.spec_algo import BastionSpecAlgo, validate_server_args
 
     SpeculativeAlgorithm.register(
@@ -48,3 +49,12 @@ def _worker_factory(server_args: object) -> type:
     from sglang_bastion.worker import BastionWorker
 
     return BastionWorker
+
+
+def _register_server_info_hook() -> None:
+    """Show the worker's controller state in /server_info (SGLang's plugin hook registry)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_bastion.serving import INTERNAL_STATE_HOOK, add_server_info
+
+    HookRegistry.register(INTERNAL_STATE_HOOK, add_server_info, HookType.AFTER)

@@ -15,7 +15,7 @@ from typing import Any
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from sglang_bastion.options import ENV_RESOLVED_MAX_NODES, BastionOptions
+from sglang_bastion.options import ENV_PROFILE, ENV_RESOLVED_MAX_NODES, BastionOptions
 
 TREE_VERIFY_BACKENDS = ("flashinfer", "triton", "bastion_cpu")
 
@@ -149,9 +149,37 @@ def validate_server_args(server_args: Any) -> None:
         raise BastionConfigError("--enable-mixed-chunk is not supported with BASTION")
     check_drafter_matches_target(server_args.model_path, drafter)
     try:
-        BastionOptions.from_env().validate()
+        options = BastionOptions.from_env()
+        options.validate()
     except ValueError as error:
         raise BastionConfigError(str(error)) from None
+    if options.profile and options.resolved_mode != "fixed":
+        check_profile_matches_server(options.profile, server_args)
+
+
+def check_profile_matches_server(path: str, server_args: Any) -> None:
+    """Refuse a latency profile that is malformed or measured for another configuration."""
+    from sglang_bastion.budget import ProfileError, load_profile
+    from sglang_bastion.calibration.identity import attention_backend_name, serving_identity
+
+    target = read_config(server_args.model_path)
+    drafter = read_config(server_args.speculative_draft_model_path)
+    try:
+        profile = load_profile(path)
+        if not target or not drafter:
+            return  # hub ids: the worker checks the resolved configs at start-up
+        dtype = server_args.dtype if server_args.dtype not in (None, "auto") else None
+        expect = serving_identity(
+            target_name=server_args.model_path, target_config=target,
+            drafter_name=server_args.speculative_draft_model_path, drafter_config=drafter,
+            dtype=dtype or profile.identity.dtype,
+            attention_backend=attention_backend_name(server_args),
+            block_size=drafter_block_size(server_args.speculative_draft_model_path),
+            tp_size=getattr(server_args, "tp_size", 1),
+        )  # fmt: skip
+        load_profile(path, expect)
+    except ProfileError as error:
+        raise BastionConfigError(f"{ENV_PROFILE}: {error}") from None
 
 
 def check_drafter_matches_target(target_path: str, drafter_path: str) -> None:

@@ -20,6 +20,7 @@ max_tokens and releases the rest when the request finishes.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
@@ -47,10 +48,14 @@ from sglang.srt.speculative.draft_worker_common import (
 )
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from sglang_bastion.controller import fixed_sizes
+from sglang_bastion.budget.live import Decision, LiveBudget
+from sglang_bastion.kernels import accept, build_trees_from_top_k, draft_head_topk, verify_inputs
 from sglang_bastion.options import BastionOptions
+from sglang_bastion.serving import make_budget, profile_summary
 from sglang_bastion.spec_algo import drafter_block_size
-from sglang_bastion.tree import accept_path, build_trees, linearize
+from sglang_bastion.stats import BastionStats
+from sglang_bastion.trace import TraceWriter
+from sglang_bastion.tree import TreeBatch
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +90,24 @@ class BastionWorker(DFlashWorkerV2):
         self.options = BastionOptions.from_env()
         self.max_nodes = min(self.options.max_nodes or self.window, self.window)
         self.top_k = self.options.top_k
+        self.budget: LiveBudget = make_budget(self, self.options, self.max_nodes)
+        self.stats = BastionStats()
+        self.profile_info = profile_summary(self.budget, self.options)
+        self.trace = None
+        if self.options.trace:
+            header = {"top_k": self.top_k, "max_nodes": self.max_nodes,
+                      "block_size": self.block_size, "controller": self.profile_info}  # fmt: skip
+            self.trace = TraceWriter(self.options.trace, self.options.trace_steps, header)
         logger.info(
-            "BASTION worker: drafter block %d, tree of up to %d nodes, top-%d lattice",
-            self.block_size, self.max_nodes, self.top_k,
+            "BASTION worker: drafter block %d, tree of up to %d nodes, top-%d lattice, "
+            "controller %s",
+            self.block_size, self.max_nodes, self.top_k, self.profile_info,
         )  # fmt: skip
+
+    def bastion_state(self) -> dict[str, Any]:
+        """The controller's identity and running averages (SGLang's /server_info)."""
+        controller = {**self.profile_info, "gamma": self.budget.gamma}
+        return {"controller": controller, "top_k": self.top_k, **self.stats.as_dict()}
 
     def _maybe_build_draft_sampler(self, *args: Any, **kwargs: Any) -> None:
         """Keep the draft head eager: BASTION needs full marginals, not a greedy draft."""
@@ -115,6 +134,7 @@ class BastionWorker(DFlashWorkerV2):
 
     def _tree_step(self, batch: Any) -> GenerationBatchResult:
         """Draft, build trees, verify them in one target pass, accept; the step's result."""
+        started = time.perf_counter()
         draft_input: DFlashDraftInputV2 = batch.spec_info
         bs = len(batch.seq_lens)
         prefix = batch.seq_lens  # [bs]: committed tokens; the bonus is not in the KV yet
@@ -124,24 +144,35 @@ class BastionWorker(DFlashWorkerV2):
         window = req_to_token[batch.req_pool_indices.unsqueeze(1), prefix.unsqueeze(1) + slots]
         window = window.to(torch.int64)  # [bs, window]: KV slots reserved for this step
 
-        probs = self._draft_marginals(batch, draft_input, window, prefix, prefix_cpu)
-        trees = build_trees(
-            probs, draft_input.bonus_tokens.to(torch.long), top_k=min(self.top_k, probs.shape[-1]),
-            max_nodes=self.max_nodes,
-        )  # fmt: skip
-        trees = trees.truncate(self._tree_sizes(trees, batch_size=bs, context_lens=prefix))
-        width = self.max_nodes
-        verify = linearize(trees, prefix)
+        top_q, top_ids = self._draft_marginals(batch, draft_input, window, prefix, prefix_cpu)
+        trees = build_trees_from_top_k(
+            top_q, top_ids, draft_input.bonus_tokens.to(torch.long), max_nodes=self.max_nodes
+        )
+        decision = self._decide(trees, batch_size=bs, context_lens=prefix)
+        trees = trees.truncate(decision.sizes).narrow(decision.width)
+        width = decision.width
+        verify = verify_inputs(trees, prefix, prefix_cpu)
+        timed = self.budget.needs_timing or self.trace is not None or logger.isEnabledFor(10)
+        verify_start = self._now(timed)
         logits_output, hidden = self._verify(batch, verify, window[:, :width], prefix_cpu, width)
         target_tokens = self._target_tokens(batch, logits_output.next_token_logits, bs, width)
-        path, num_accepted, bonus = accept_path(trees, target_tokens, max_depth=self.block_size - 1)
+        verify_ms = (self._now(timed) - verify_start) * 1e3 if timed else None
+        # The whole window: B may exceed W.
+        accepted = accept(trees, target_tokens, window, max_depth=self.block_size - 1)
+        path, bonus = accepted.path, accepted.bonus_tokens
 
-        accept_lens = num_accepted + 1  # [bs]: accepted drafts + the bonus
-        self._keep_accepted_kv(window[:, :width], path, accept_lens)
+        accept_lens = accepted.num_accepted + 1  # [bs]: accepted drafts + the bonus
+        self._keep_accepted_kv(accepted.kv_source, accepted.kv_target)
         self._write_draft_features(batch, hidden, window, prefix, prefix_cpu, path, accept_lens)
 
         out_tokens = target_tokens.gather(1, path.clamp(min=0))  # [bs, B]: emitted run first
         new_seq_lens = prefix + accept_lens.to(prefix.dtype)
+        self._account(decision, accept_lens, verify_ms)
+        if self.trace is not None and self.trace.active:
+            cycle_ms = (self._now(True) - started) * 1e3
+            roots = trees.token_ids[:, 0]
+            draft = (top_q, top_ids, roots, prefix_cpu)
+            self._record(batch, draft, decision, out_tokens, accept_lens, verify_ms, cycle_ms)
         logits_output.hidden_states = None
         return GenerationBatchResult(
             logits_output=logits_output,
@@ -153,22 +184,80 @@ class BastionWorker(DFlashWorkerV2):
             new_seq_lens=new_seq_lens,
         )
 
-    def _tree_sizes(
-        self, trees: Any, *, batch_size: int, context_lens: torch.Tensor
-    ) -> torch.Tensor:
-        """[bs] nodes each request verifies this step, for the batch's size and contexts.
+    def _decide(self, trees: TreeBatch, *, batch_size: int, context_lens: torch.Tensor) -> Decision:
+        """This step's tree sizes and verify width, for the batch's size and contexts."""
+        del batch_size  # the trees carry it; named at the call site for the reader
+        return self.budget.decide(trees, context_lens)
 
-        The budget is fixed at N (``--speculative-num-draft-tokens``) until a latency profile
-        drives the adaptive controller; the batch size and context lengths are what it reads.
-        """
-        del batch_size, context_lens  # read by the adaptive controller (calibration issue)
-        return fixed_sizes(trees, self.max_nodes)
+    def _now(self, timed: bool) -> float:
+        """Wall time after the device finished queued work (0.0 when not timing)."""
+        if not timed:
+            return 0.0
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _account(
+        self, decision: Decision, accept_lens: torch.Tensor, verify_ms: float | None
+    ) -> None:
+        """Update the running stats and the controller's EMA; log the step at debug level."""
+        self.stats.add_step(
+            decision.sizes, accept_lens, decision.width, decision.predicted_verify_ms
+        )
+        if verify_ms is None:
+            return
+        self.stats.add_timing(decision.predicted_verify_ms, verify_ms)
+        self.budget.observe(decision, verify_ms)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "BASTION step: batch %d, width %d, sizes %s, verify predicted %s ms, observed "
+                "%.2f ms, gamma %.3f",
+                len(decision.sizes), decision.width, decision.sizes.tolist(),
+                _ms(decision.predicted_verify_ms), verify_ms, self.budget.gamma,
+            )  # fmt: skip
+
+    def _record(
+        self, batch: Any, draft: tuple[torch.Tensor, ...], decision: Decision,
+        out_tokens: torch.Tensor, accept_lens: torch.Tensor, verify_ms: float | None,
+        cycle_ms: float,
+    ) -> None:  # fmt: skip
+        """Append this step to the trace (see trace.py); a failure stops tracing, not serving."""
+        try:
+            self._write_trace(batch, draft, decision, out_tokens, accept_lens, verify_ms,
+                              cycle_ms)  # fmt: skip
+        except Exception:
+            logger.exception("BASTION: tracing failed; serving goes on without a trace")
+            self.trace = None
+
+    def _write_trace(
+        self, batch: Any, draft: tuple[torch.Tensor, ...], decision: Decision,
+        out_tokens: torch.Tensor, accept_lens: torch.Tensor, verify_ms: float | None,
+        cycle_ms: float,
+    ) -> None:  # fmt: skip
+        """One trace record: draft = (top-K q [bs, D, K], their ids, roots [bs], contexts [bs])."""
+        values, ids, roots, contexts = draft
+        lens = accept_lens.tolist()
+        self.trace.record({
+            "step": self.stats.steps,
+            "rids": [str(req.rid) for req in batch.reqs],
+            "context_lens": contexts.tolist(),
+            "temperatures": _temperatures(batch),
+            "topk_ids": ids.tolist(),
+            "topk_probs": values.float().tolist(),
+            "root_tokens": roots.tolist(),
+            "sizes": decision.sizes.tolist(),
+            "width": decision.width,
+            "emitted": [row[:n] for row, n in zip(out_tokens.tolist(), lens, strict=True)],
+            "predicted_verify_ms": decision.predicted_verify_ms,
+            "verify_ms": verify_ms,
+            "cycle_ms": cycle_ms,
+        })  # fmt: skip
 
     def _draft_marginals(
         self, batch: Any, draft_input: Any, window: torch.Tensor, prefix: torch.Tensor,
         prefix_cpu: torch.Tensor,
-    ) -> torch.Tensor:  # fmt: skip
-        """[bs, B-1, V] the drafter's marginals from one non-causal pass over its block."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """[bs, B-1, K] top-K draft marginals (full-vocabulary probabilities) and their tokens."""
         bs, block = window.shape[0], self.block_size
         target_model = self.target_worker.model_runner.model
         block_ids = torch.full((bs, block), int(self._mask_token_id), device=self.device)
@@ -209,8 +298,10 @@ class BastionWorker(DFlashWorkerV2):
         hidden = hidden.view(bs, block, -1)[:, 1:]  # [bs, B-1, H]: the masked positions
         lm_head = unwrap_lora_layer(target_model.lm_head)
         vocab = int(self.model_runner.model_config.vocab_size)
-        logits = hidden.float() @ lm_head.weight[:vocab].float().T  # [bs, B-1, V]
-        return torch.softmax(logits, dim=-1)
+        top_k = min(self.top_k, vocab)
+        rows = hidden.reshape(-1, hidden.shape[-1])  # [bs*(B-1), H]
+        top_q, top_ids = draft_head_topk(rows, lm_head.weight, vocab, top_k)  # [bs*(B-1), K] each
+        return top_q.view(bs, block - 1, top_k), top_ids.view(bs, block - 1, top_k)
 
     def _plan(
         self, batch: Any, prefix: torch.Tensor, prefix_cpu: torch.Tensor,
@@ -269,17 +360,13 @@ class BastionWorker(DFlashWorkerV2):
         )
         return torch.multinomial(probs.view(bs * width, -1), 1).view(bs, width)
 
-    def _keep_accepted_kv(
-        self, window: torch.Tensor, path: torch.Tensor, accept_lens: torch.Tensor
-    ) -> None:
+    def _keep_accepted_kv(self, source: torch.Tensor, target: torch.Tensor) -> None:
         """Move the accepted nodes' target KV to the front slots of each request's window."""
-        steps = torch.arange(path.shape[1], device=path.device)
-        moved = (steps < accept_lens.unsqueeze(1)) & (path != steps)  # [bs, D+1]
-        source = window.gather(1, path.clamp(min=0))[moved]
-        target = window[:, : path.shape[1]][moved]
+        moved = target >= 0  # [bs, D+1]: -1 where the slot stays
+        source, target = source[moved], target[moved]
         if source.numel():
             pool = self.model_runner.token_to_kv_pool_allocator.get_kvcache()
-            if window.device.type == "cpu":
+            if source.device.type == "cpu":
                 pool.use_native_move_kv_cache = True  # the fused copy is a GPU kernel
             pool.move_kv_cache(target, source)
 
@@ -301,3 +388,18 @@ class BastionWorker(DFlashWorkerV2):
             positions=positions,
             commit_lens=accept_lens,
         )
+
+
+def _ms(value: float | None) -> str:
+    """A latency for the log, or '-' when there is none."""
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _temperatures(batch: Any) -> list[float]:
+    """Each request's sampling temperature (0 for greedy)."""
+    info = batch.sampling_info
+    if info is None or info.is_all_greedy:
+        return [0.0] * len(batch.seq_lens)
+    greedy = (info.top_ks.view(-1) == 1).tolist()
+    temps = info.temperatures.view(-1).tolist()
+    return [0.0 if g else float(t) for g, t in zip(greedy, temps, strict=True)]

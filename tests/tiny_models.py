@@ -10,99 +10,35 @@ model.safetensors) and a randomly initialised DFlash drafter in the z-lab format
 from __future__ import annotations
 
 import json
-import sysconfig
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"]
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+from sglang_bastion.training.corpus import read_texts, stdlib_files, stdlib_root
+from sglang_bastion.training.formats import (
+    Qwen3Shape,
+    drafter_config,
+    qwen3_config,
+    save_model,
+    train_tokenizer,
 )
 
-
-@dataclass(frozen=True)
-class TinyShape:
-    """Sizes of a tiny Qwen3-architecture model."""
-
-    hidden: int = 64
-    layers: int = 4
-    heads: int = 4
-    kv_heads: int = 2
-    head_dim: int = 16
-    intermediate: int = 128
-    max_positions: int = 2048
+TINY_SHAPE = Qwen3Shape()
 
 
 def stdlib_text(max_chars: int = 400_000) -> str:
     """Real code text: the first files of the Python standard library, sorted by name."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    parts, size = [], 0
-    for path in sorted(root.glob("*.py")):
-        text = path.read_text(encoding="utf-8", errors="ignore")
-        parts.append(text)
-        size += len(text)
-        if size >= max_chars:
-            break
-    return "\n".join(parts)
+    root = stdlib_root()
+    names = [n for n in stdlib_files(root) if "/" not in n]
+    return "\n".join(read_texts(root, names, max_chars))
 
 
 def write_tokenizer(out: Path, vocab_size: int = 512) -> int:
-    """Train a byte-level BPE on stdlib code, save it with its chat template; return its size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([stdlib_text()], trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>", "<|MASK|>"],
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out)
-    return tok.get_vocab_size()
+    """Train a byte-level BPE on stdlib code into ``out``; return its size."""
+    return train_tokenizer([stdlib_text()], out, vocab_size)
 
 
-def qwen3_config(shape: TinyShape, vocab: int, **extra: object) -> dict[str, object]:
-    """An HF config.json dict for a Qwen3 model of the given shape."""
-    return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "hidden_size": shape.hidden,
-        "num_hidden_layers": shape.layers,
-        "num_attention_heads": shape.heads,
-        "num_key_value_heads": shape.kv_heads,
-        "head_dim": shape.head_dim,
-        "intermediate_size": shape.intermediate,
-        "vocab_size": vocab,
-        "max_position_embeddings": shape.max_positions,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "hidden_act": "silu",
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "torch_dtype": "bfloat16",
-        "bos_token_id": 0,
-        "eos_token_id": 0,
-        **extra,
-    }
-
-
-def _layer_weights(prefix: str, shape: TinyShape, gen: torch.Generator) -> dict[str, torch.Tensor]:
+def _layer_weights(prefix: str, shape: Qwen3Shape, gen: torch.Generator) -> dict[str, torch.Tensor]:
     """Random weights of one Qwen3 decoder layer under HF names."""
     h, q, kv, f = (
         shape.hidden,
@@ -129,20 +65,9 @@ def _layer_weights(prefix: str, shape: TinyShape, gen: torch.Generator) -> dict[
     }
 
 
-def _save(out: Path, config: dict[str, object], weights: dict[str, torch.Tensor]) -> Path:
-    """Write config.json and model.safetensors (bfloat16) into ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    save_file(
-        {k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()},
-        out / "model.safetensors",
-    )
-    return out
-
-
 def write_target(
     out: Path,
-    shape: TinyShape = TinyShape(),
+    shape: Qwen3Shape = TINY_SHAPE,
     seed: int = 0,
     few_tokens: tuple[int, ...] | None = None,
 ) -> Path:
@@ -168,7 +93,7 @@ def write_target(
     }
     for i in range(shape.layers):
         weights |= _layer_weights(f"model.layers.{i}", shape, gen)
-    return _save(out, qwen3_config(shape, vocab), weights)
+    return save_model(out, qwen3_config(shape, vocab), weights)
 
 
 def write_drafter(
@@ -187,7 +112,7 @@ def write_drafter(
     from transformers import AutoTokenizer
 
     mask_id = AutoTokenizer.from_pretrained(target).convert_tokens_to_ids("<|MASK|>")
-    shape = TinyShape(hidden=hidden or int(target_cfg["hidden_size"]), layers=layers)
+    shape = Qwen3Shape(hidden=hidden or int(target_cfg["hidden_size"]), layers=layers)
     gen = torch.Generator().manual_seed(seed)
     taps = len(target_layer_ids)
     weights = {
@@ -197,12 +122,12 @@ def write_drafter(
     }
     for i in range(layers):
         weights |= _layer_weights(f"layers.{i}", shape, gen)
-    config = qwen3_config(
+    config = drafter_config(
         shape,
         vocab or int(target_cfg["vocab_size"]),
-        architectures=["DFlashDraftModel"],
         block_size=block_size,
         num_target_layers=int(target_cfg["num_hidden_layers"]),
-        dflash_config={"mask_token_id": mask_id, "target_layer_ids": list(target_layer_ids)},
+        mask_token_id=mask_id,
+        target_layer_ids=target_layer_ids,
     )
-    return _save(out, config, weights)
+    return save_model(out, config, weights)

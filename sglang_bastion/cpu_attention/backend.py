@@ -12,11 +12,16 @@ one SDPA call over the padded batch, in float32. Modes:
   sees the prefix plus the draft tokens its mask row names; without one, the block is causal
   (DFLASH's chain verify) or, for ``ENCODER_ONLY`` layers, fully visible (the DFlash drafter's
   non-causal pass over [context || block]).
+
+``SGLANG_BASTION_SPLIT_VERIFY=1`` attends tree verifies in two parts instead (an unmasked pass
+over the prefix and a masked pass over the N x N tree block, merged by log-sum-exp: see
+``sglang_bastion.kernels.split_attention``), so no [B, N, prefix + N] mask is built.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,6 +34,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 from sglang_bastion.cpu_attention import BACKEND_NAME, kernels
 from sglang_bastion.cpu_attention.kernels import DraftMaskLayout
 from sglang_bastion.cpu_attention.plan import CpuForwardMetadata
+from sglang_bastion.kernels.split_attention import split_verify_padded
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -38,6 +44,7 @@ logger = logging.getLogger(__name__)
 SUPPORTED_MODES = ("EXTEND", "MIXED", "DECODE", "IDLE", "TARGET_VERIFY", "DRAFT_EXTEND_V2")
 _EXTEND_MODES = (ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.DRAFT_EXTEND_V2)
 _KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ENV_SPLIT_VERIFY = "SGLANG_BASTION_SPLIT_VERIFY"
 
 
 class UnsupportedByCpuBackend(NotImplementedError):
@@ -69,6 +76,8 @@ class BastionCpuAttnBackend(AttentionBackend):
             raise _refuse(f"KV cache dtype {kv_dtype}", "triton")
         self.default_mask_layout = _sglang_default_mask_layout()
         self.forward_metadata: CpuForwardMetadata | None = None
+        # Tree verify as prefix pass + tree-block pass (off by default).
+        self.split_verify = os.environ.get(ENV_SPLIT_VERIFY, "0") not in ("", "0")
 
     # ----------------------------------------------------------------- planning
 
@@ -235,6 +244,12 @@ class BastionCpuAttnBackend(AttentionBackend):
         causal = layer.attn_type != AttentionType.ENCODER_ONLY
         batch = meta.kv_slots.shape[0]
         queries = kernels.pad_tokens(q.reshape(-1, heads, head_dim), layout, batch)  # [B, Q, H, D]
+        if self.split_verify and causal and meta.draft_mask is not None and not layer.logit_cap:
+            out = split_verify_padded(
+                queries, k_cols, v_cols, meta.prefix_lens, meta.query_lens, meta.draft_mask,
+                layer.scaling,
+            )  # fmt: skip
+            return self._write_output(q, kernels.unpad_tokens(out, layout), heads * v_dim)
         chunks = meta.row_chunks() if meta.needs_mask(causal) else [(0, layout.max_q)]
         parts = [
             kernels.attend(

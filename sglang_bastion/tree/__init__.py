@@ -2,7 +2,7 @@
 
 from sglang_bastion.tree.acceptance import accept_path
 from sglang_bastion.tree.batch import TreeBatch
-from sglang_bastion.tree.builder import build_trees, lattice_size
+from sglang_bastion.tree.builder import build_trees, build_trees_from_top_k, lattice_size
 from sglang_bastion.tree.linearize import VerifyInputs, ancestor_mask, linearize
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "accept_path",
     "ancestor_mask",
     "build_trees",
+    "build_trees_from_top_k",
     "lattice_size",
     "linearize",
 ]

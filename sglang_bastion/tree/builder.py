@@ -223,6 +223,22 @@ def build_trees(
     return _build(probs, root_tokens, top_k, max_nodes, strategy, groups)
 
 
+def build_trees_from_top_k(
+    top_q: torch.Tensor, top_tokens: torch.Tensor, root_tokens: torch.Tensor, *, max_nodes: int
+) -> TreeBatch:
+    """`build_trees` from [B, D, K] descending top-K probabilities and their [B, D, K] tokens."""
+    batch, depth, top_k = top_q.shape
+    if top_tokens.shape != top_q.shape or root_tokens.shape != (batch,):
+        raise ValueError(
+            f"top_tokens must be {tuple(top_q.shape)} and root_tokens ({batch},), got "
+            f"{tuple(top_tokens.shape)} and {tuple(root_tokens.shape)}"
+        )
+    if max_nodes < 1:
+        raise ValueError(f"max_nodes must be at least 1, got {max_nodes}")
+    strategy = _choose_strategy(depth, top_k, max_nodes)
+    return _build_from_top_k(top_q, top_tokens, root_tokens, max_nodes, strategy)
+
+
 def _build(
     probs: torch.Tensor,
     root_tokens: torch.Tensor,
@@ -232,14 +248,26 @@ def _build(
     groups: int,
 ) -> TreeBatch:
     """`build_trees` with its static choices given (arguments already validated)."""
-    batch, depth, _ = probs.shape
-    plan = _make_plan(strategy, depth, top_k, max_nodes, probs.device)
+    with torch.inference_mode():
+        top_q, top_tokens = _top_k(probs, top_k, groups)  # [B, D, K] each, q descending
+    return _build_from_top_k(top_q, top_tokens, root_tokens, max_nodes, strategy)
+
+
+def _build_from_top_k(
+    top_q: torch.Tensor,
+    top_tokens: torch.Tensor,
+    root_tokens: torch.Tensor,
+    max_nodes: int,
+    strategy: Strategy,
+) -> TreeBatch:
+    """The best-first trees of [B, D, K] top-K marginals under a given pool strategy."""
+    batch, depth, top_k = top_q.shape
+    plan = _make_plan(strategy, depth, top_k, max_nodes, top_q.device)
     size = plan.size
     entries = plan.node_depth.shape[0]
     # Intermediates skip autograd bookkeeping; the outputs are made outside, as ordinary
     # tensors that callers may still modify in place.
     with torch.inference_mode():
-        top_q, top_tokens = _top_k(probs, top_k, groups)  # [B, D, K] each, q descending
         log_q = top_q.float().log()  # [B, D, K]
         if strategy == "lattice":
             pool, cand_id = _lattice_pool(log_q, plan), None
@@ -261,7 +289,7 @@ def _build(
         parents=_pad(slot.gather(1, parent_entry), pad, -1),
         depths=_pad(plan.node_depth.take(order), pad, 0),
         log_scores=_pad(pool.gather(1, order), pad, float("-inf")),
-        num_nodes=torch.full((batch,), size, dtype=torch.long, device=probs.device),
+        num_nodes=torch.full((batch,), size, dtype=torch.long, device=top_q.device),
     )
 
 

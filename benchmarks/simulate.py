@@ -1,0 +1,271 @@
+"""Replay BASTION step traces under other controller policies and latency profiles.
+
+python benchmarks/simulate.py TRACE.jsonl [...] (--profile PROFILE.json | --gpu H100-SXM
+    --config qwen3-8b-config.json [--t-aux-ms 2]) [--sizes 4 8 16 32 64] [--out DIR]
+
+A trace (``SGLANG_BASTION_TRACE``, see sglang_bastion/trace.py) holds, for every decode step
+and request, the drafter's top-K marginals, the tree size the server chose and the tokens it
+emitted. At temperature 0 a request's emitted tokens, step after step, are its committed
+greedy continuation, so for any other tree built from the same marginals the accepted length
+is known exactly: the deepest node whose path spells the continuation (up to the tokens the
+trace holds). The simulator rebuilds the trees, applies a policy (fixed N, or the adaptive
+controller in static / ema / ema_calib mode with uniform or ragged sizes) and prices each step
+with the latency model: expected throughput = sum of accepted tokens / sum of predicted cycle
+times, reported per effective batch size beside the oracle (the best fixed N in hindsight).
+
+Replaying the policy that produced the trace must give its recorded acceptance exactly; the
+report says whether it does. Steps are priced one at a time with the batch as recorded (a
+policy that finishes requests sooner would change later batches: not modelled). Sampled
+(temperature > 0) steps are skipped: their acceptance depends on the target's random draws.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from common import RESULTS, machine, markdown_table
+
+from sglang_bastion.budget import Hardware, LatencyModel, ModelShape, load_profile
+from sglang_bastion.budget.live import LiveBudget
+from sglang_bastion.trace import read_trace
+from sglang_bastion.tree import TreeBatch, accept_path, build_trees
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Step:
+    """One traced step's greedy requests, ready to rebuild and replay."""
+
+    probs: torch.Tensor  # [b, D, V'] dense marginals over the step's compact vocabulary
+    vocab: torch.Tensor  # [V'] real token id of each compact id
+    roots: torch.Tensor  # [b] compact ids of the roots (the vocabulary includes them)
+    truth: torch.Tensor  # [b, D+1] real continuation after the root, -1 where unknown
+    context_lens: torch.Tensor  # [b]
+    batch_size: int  # the recorded batch (greedy or not): what the pass costs
+    recorded_sizes: torch.Tensor  # [b]
+    recorded_accept: torch.Tensor  # [b] emitted tokens (accepted drafts + bonus)
+    recorded_width: int
+    cycle_ms: float | None
+
+
+def load_steps(paths: list[Path]) -> tuple[dict, list[Step]]:
+    """(first header, greedy steps) of the traces, with every request's continuation."""
+    header, records = None, []
+    for path in paths:
+        head, steps = read_trace(path)
+        header = header or head
+        records.append(steps)
+    steps_out = []
+    for steps in records:
+        streams: dict[str, list[int]] = defaultdict(list)
+        offsets = []
+        for record in steps:  # continuation = everything each request emitted from then on
+            offsets.append([len(streams[r]) for r in record["rids"]])
+            for rid, emitted in zip(record["rids"], record["emitted"], strict=True):
+                streams[rid] += emitted
+        for record, offset in zip(steps, offsets, strict=True):
+            step = _step(record, offset, streams)
+            if step is not None:
+                steps_out.append(step)
+    return header, steps_out
+
+
+def _step(record: dict, offset: list[int], streams: dict[str, list[int]]) -> Step | None:
+    """The greedy part of one step record (None when it has no greedy request)."""
+    keep = [i for i, t in enumerate(record["temperatures"]) if t == 0.0]
+    if not keep:
+        return None
+    ids = torch.tensor([record["topk_ids"][i] for i in keep])  # [b, D, K]
+    values = torch.tensor([record["topk_probs"][i] for i in keep], dtype=torch.float32)
+    depth = ids.shape[1]
+    roots = torch.tensor([record["root_tokens"][i] for i in keep])
+    vocab, compact = torch.unique(torch.cat([ids.flatten(), roots]), return_inverse=True)
+    probs = torch.zeros(len(keep), depth, len(vocab))  # [b, D, V']
+    probs.scatter_(2, compact[: ids.numel()].view(ids.shape), values)
+    truth = torch.full((len(keep), depth + 1), -1)
+    for row, i in enumerate(keep):
+        stream = streams[record["rids"][i]][offset[i] : offset[i] + depth + 1]
+        truth[row, : len(stream)] = torch.tensor(stream)
+    return Step(
+        probs=probs,
+        vocab=vocab,
+        roots=compact[ids.numel() :],
+        truth=truth,
+        context_lens=torch.tensor([record["context_lens"][i] for i in keep]),
+        batch_size=len(record["rids"]),
+        recorded_sizes=torch.tensor([record["sizes"][i] for i in keep]),
+        recorded_accept=torch.tensor([len(record["emitted"][i]) for i in keep]),
+        recorded_width=int(record["width"]),
+        cycle_ms=record.get("cycle_ms"),
+    )
+
+
+def accepted_lengths(trees: TreeBatch, vocab: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """[b] accepted drafts + bonus of each tree against the continuation ``truth``."""
+    depth = truth.shape[1] - 1
+    # The target's token at a node is the continuation at the node's depth, wherever it is:
+    # only nodes whose whole path matches are ever reached, and there it is exact.
+    target = truth.gather(1, trees.depths.clamp(max=depth))  # [b, N]
+    compact_target = torch.searchsorted(vocab, target.clamp(min=0))
+    hit = (compact_target < len(vocab)) & (
+        vocab[compact_target.clamp(max=len(vocab) - 1)] == target
+    )
+    target_ids = torch.where(hit & (target >= 0), compact_target, -1)
+    _, accepted, _ = accept_path(trees, target_ids, max_depth=depth)
+    return accepted + 1
+
+
+def replay(step: Step, top_k: int, policy: LiveBudget) -> tuple[torch.Tensor, int, float | None]:
+    """(accept lengths [b], verify width, predicted cycle ms) of a policy on one step."""
+    trees = build_trees(step.probs, step.roots, top_k=top_k, max_nodes=policy.max_nodes)
+    decision = policy.decide(trees, step.context_lens)
+    trees = trees.truncate(decision.sizes).narrow(decision.width)
+    return (
+        accepted_lengths(trees, step.vocab, step.truth),
+        decision.width,
+        decision.predicted_cycle_ms,
+    )
+
+
+def latency_model(args: argparse.Namespace) -> LatencyModel:
+    """The measured profile's model, or a bare roofline for a named GPU and target config."""
+    if args.profile:
+        profile = load_profile(args.profile)
+        shape_config = json.loads(Path(args.config).read_text()) if args.config else None
+        if shape_config is None:
+            raise SystemExit("--config (the target's config.json) is needed with --profile")
+        return LatencyModel.from_profile(profile, ModelShape.from_hf_config(shape_config))
+    shape = ModelShape.from_config_file(args.config)
+    return LatencyModel.uncalibrated(shape, Hardware.lookup(args.gpu), t_aux_ms=args.t_aux_ms)
+
+
+def simulate(
+    steps: list[Step], header: dict, model: LatencyModel, sizes: list[int], modes: list[str]
+) -> tuple[list[dict], dict]:
+    """Rows per (policy, batch size) and the exactness check of the producing policy."""
+    top_k, n_max = int(header["top_k"]), int(header["max_nodes"])
+    policies = {f"fixed N={n}": LiveBudget("fixed", n) for n in sizes if n <= n_max}
+    for mode in modes:
+        for layout in ("uniform", "ragged"):
+            policies[f"{mode} {layout}"] = LiveBudget(mode, n_max, layout, model)
+    produced = header["controller"]
+    check = {"policy": f"{produced['mode']} (N={produced['max_nodes']})", "steps": 0, "equal": 0}
+    recorder = (
+        LiveBudget("fixed", int(produced["max_nodes"])) if produced["mode"] == "fixed" else None
+    )
+    totals: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    for step in steps:
+        if recorder is not None:
+            got, _, _ = replay(step, top_k, recorder)
+            check["steps"] += 1
+            check["equal"] += int(torch.equal(got, step.recorded_accept))
+        for name, policy in policies.items():
+            accept, width, _ = replay(step, top_k, policy)
+            cycle = float(
+                model.cycle_ms(step.batch_size, width, float(step.context_lens.float().mean()))
+            )
+            cell = totals[(name, step.batch_size)]
+            cell[0] += float(accept.sum())  # tokens
+            cell[1] += cycle * len(accept) / step.batch_size  # this step's share of the cycle
+            cell[2] += len(accept)  # request-steps
+            cell[3] += width * len(accept)
+    rows = []
+    for (name, batch), (tokens, ms, count, nodes) in sorted(
+        totals.items(), key=lambda kv: (kv[0][1], kv[0][0])
+    ):
+        ar_ms = model.ar_ms(batch)
+        rows.append({
+            "batch": batch, "policy": name, "request-steps": int(count),
+            "accept_len": tokens / count, "mean width": nodes / count,
+            "tokens/ms per request": tokens / ms / batch if ms else float("nan"),
+            "speedup vs AR": (tokens / count) * ar_ms / (ms / count) if ms else float("nan"),
+        })  # fmt: skip
+    for batch in sorted({r["batch"] for r in rows}):
+        fixed = [r for r in rows if r["batch"] == batch and r["policy"].startswith("fixed")]
+        best = max(fixed, key=lambda r: r["speedup vs AR"]) if fixed else None
+        for r in rows:
+            if r["batch"] == batch and best is not None:
+                r["vs oracle fixed"] = r["speedup vs AR"] / best["speedup vs AR"]
+                r["oracle N"] = best["policy"].removeprefix("fixed N=")
+    return rows, check
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    """Speedup vs N per batch size with the adaptive points (the paper's Figure 6 shape)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for batch in sorted({r["batch"] for r in rows}):
+        fixed = [r for r in rows if r["batch"] == batch and r["policy"].startswith("fixed")]
+        xs = [int(r["policy"].removeprefix("fixed N=")) for r in fixed]
+        line = ax.plot(xs, [r["speedup vs AR"] for r in fixed], marker="o", label=f"batch {batch}")
+        for r in rows:
+            if r["batch"] == batch and r["policy"] == "static uniform":
+                ax.scatter([r["mean width"]], [r["speedup vs AR"]], marker="*", s=160,
+                           color=line[0].get_color(), edgecolors="black", zorder=3)  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tree size N (fixed); star: adaptive (static, uniform) at its mean width")
+    ax.set_ylabel("predicted speedup over autoregressive")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def parse_args() -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("traces", type=Path, nargs="+")
+    parser.add_argument("--profile", type=Path, help="a measured latency profile")
+    parser.add_argument("--gpu", default="H100-SXM", help="roofline hardware without a profile")
+    parser.add_argument("--config", type=Path, help="the target's config.json (model shape)")
+    parser.add_argument("--t-aux-ms", type=float, default=2.0, help="T_aux without a profile")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
+    parser.add_argument("--modes", nargs="+", default=["static", "ema", "ema_calib"])
+    parser.add_argument("--out", type=Path, default=RESULTS / "simulate")
+    return parser.parse_args()
+
+
+def main() -> None:
+    """Replay, print and record."""
+    args = parse_args()
+    if args.config is None:
+        args.config = ROOT / "tests/data/qwen3-8b-config.json"
+    header, steps = load_steps(args.traces)
+    model = latency_model(args)
+    modes = (
+        args.modes if args.profile else [m for m in args.modes if m != "ema_calib"] or ["static"]
+    )
+    rows, check = simulate(steps, header, model, args.sizes, modes)
+    args.out.mkdir(parents=True, exist_ok=True)
+    columns = ["batch", "policy", "request-steps", "accept_len", "mean width",
+               "speedup vs AR", "vs oracle fixed", "oracle N"]  # fmt: skip
+    table = markdown_table(rows, columns)
+    print(table)
+    print(f"exactness: replaying {check['policy']} reproduces {check['equal']}/{check['steps']} "
+          "recorded steps' acceptance")  # fmt: skip
+    meta = machine()
+    source = f"profile {args.profile}" if args.profile else f"roofline {args.gpu} + {args.config}"
+    (args.out / "simulate.json").write_text(
+        json.dumps({"machine": meta, "latency": source, "check": check, "rows": rows}, indent=2)
+    )
+    md = ["# Controller simulator", "", f"Command: `python {meta['command']}`", "",
+          f"Traces: {', '.join(map(str, args.traces))}; latency: {source}.", "",
+          f"Exactness: replaying the producing policy ({check['policy']}) reproduces "
+          f"{check['equal']} of {check['steps']} recorded steps' acceptance.",
+          "", table, ""]  # fmt: skip
+    (args.out / "simulate.md").write_text("\n".join(md))
+    plot(rows, args.out / "simulate.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The budget controller as the server runs it: one decision per step, and what it learned.
+
+Each step the worker hands over the batch's trees and context lengths and gets back the
+nodes every request verifies and the verify width W (the padded tokens per request of the one
+target pass). Modes:
+
+- ``fixed``: every request verifies min(N, its tree) nodes; W = N.
+- ``static`` / ``ema`` / ``ema_calib``: the latency model (budget/latency.py) prices a cycle
+  with 1..N tokens per request at the batch's current size and mean context, then
+  - layout ``uniform``: one width W for the batch maximising sum_r A_hat_r(W) / C(W)
+    (controller.uniform_width), every request verifies W nodes;
+  - layout ``ragged``: each request stops at its own first drop of A_hat(n) L_AR / C(n)
+    (controller.per_request_sizes), and W is the largest of those sizes (the verify pass
+    pads the others).
+  The ema modes scale the verify prediction by gamma, updated from observed verify times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sglang_bastion.budget.latency import LatencyModel, cost_vector_ms, ema_update
+from sglang_bastion.controller import fixed_sizes, per_request_sizes, uniform_width
+from sglang_bastion.tree.batch import TreeBatch
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One step's tree sizes and the latency the model predicted for them."""
+
+    sizes: torch.Tensor  # [B] long: nodes each request verifies (root included)
+    width: int  # W: tokens per request in the verify pass (max of sizes)
+    predicted_verify_ms: float | None  # the model's T_verify at W (None in fixed mode)
+    predicted_cycle_ms: float | None  # T_aux + T_verify at W
+
+
+@dataclass
+class LiveBudget:
+    """The controller's per-server state: mode, latency model and the EMA correction."""
+
+    mode: str  # "fixed", "static", "ema" or "ema_calib"
+    max_nodes: int  # N: the largest tree a request may verify
+    layout: str = "uniform"  # "uniform" or "ragged"
+    model: LatencyModel | None = None
+    ema_alpha: float = 0.1
+    gamma: float = 1.0
+    observed_steps: int = field(default=0)
+
+    def __post_init__(self) -> None:
+        """Refuse an adaptive mode without a latency model."""
+        if self.mode != "fixed" and self.model is None:
+            raise ValueError(f"controller mode {self.mode!r} needs a latency model (a profile)")
+
+    def decide(self, trees: TreeBatch, context_lens: torch.Tensor) -> Decision:
+        """Sizes and width for this step's trees at the batch's size and contexts."""
+        if self.mode == "fixed":
+            sizes = fixed_sizes(trees, self.max_nodes)
+            return Decision(sizes, int(sizes.max()), None, None)
+        batch = trees.batch_size
+        context = float(context_lens.float().mean())
+        cost = cost_vector_ms(self.model, batch, self.max_nodes, context, self.mode, self.gamma)
+        if self.layout == "ragged":
+            sizes = per_request_sizes(trees, cost, self.model.ar_ms(batch))
+            width = int(sizes.max())
+        else:
+            width = int(uniform_width(trees, cost))
+            sizes = trees.num_nodes.clamp(max=width)
+        cycle = float(cost[width - 1])
+        return Decision(sizes, width, cycle - self.model.aux_ms(batch), cycle)
+
+    def observe(self, decision: Decision, verify_ms: float) -> None:
+        """Fold an observed verify time into gamma (ema modes; otherwise only counted)."""
+        self.observed_steps += 1
+        if self.mode in ("ema", "ema_calib") and decision.predicted_verify_ms:
+            bare = decision.predicted_verify_ms / self.gamma  # the prediction before gamma
+            self.gamma = ema_update(self.gamma, verify_ms, bare, self.ema_alpha)
+
+    @property
+    def needs_timing(self) -> bool:
+        """Whether decisions depend on observed step times."""
+        return self.mode in ("ema", "ema_calib")

@@ -1,0 +1,72 @@
+"""Running counters of a BASTION server, for SGLang's ``/server_info`` and the sweeps.
+
+The worker adds one step at a time; device-side sums stay on the device until someone reads
+them, so counting never synchronises the step with the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class BastionStats:
+    """Cumulative counts since the server started (read deltas for a window)."""
+
+    steps: int = 0  # decode steps
+    request_steps: int = 0  # sum over steps of requests in the batch
+    verify_tokens: int = 0  # sum over steps of batch size x verify width
+    timed_steps: int = 0  # steps with an observed verify time
+    predicted_verify_ms: float = 0.0  # sum over timed steps of the model's prediction
+    observed_verify_ms: float = 0.0  # sum over timed steps of the measured verify time
+    last: dict[str, Any] = field(default_factory=dict)  # the latest step's decision
+    _tree_nodes: torch.Tensor | None = None  # 0-dim: sum of verified tree sizes
+    _accepted: torch.Tensor | None = None  # 0-dim: accepted drafts + bonus, summed
+
+    def add_step(
+        self, sizes: torch.Tensor, accept_lens: torch.Tensor, width: int, predicted: float | None
+    ) -> None:
+        """Count one step: its tree sizes [B], acceptance lengths [B] and verify width."""
+        batch = int(sizes.shape[0])
+        nodes, accepted = sizes.sum(), accept_lens.sum()
+        self._tree_nodes = nodes if self._tree_nodes is None else self._tree_nodes + nodes
+        self._accepted = accepted if self._accepted is None else self._accepted + accepted
+        self.steps += 1
+        self.request_steps += batch
+        self.verify_tokens += batch * width
+        self.last = {"batch_size": batch, "width": width, "predicted_verify_ms": predicted}
+
+    def add_timing(self, predicted_ms: float | None, observed_ms: float) -> None:
+        """Count an observed verify time beside the model's prediction."""
+        self.last["observed_verify_ms"] = observed_ms
+        if predicted_ms is not None:
+            self.timed_steps += 1
+            self.predicted_verify_ms += predicted_ms
+            self.observed_verify_ms += observed_ms
+
+    def as_dict(self) -> dict[str, Any]:
+        """Counters and derived means as plain JSON values."""
+        nodes = int(self._tree_nodes) if self._tree_nodes is not None else 0
+        accepted = int(self._accepted) if self._accepted is not None else 0
+        per_request = max(self.request_steps, 1)
+        return {
+            "steps": self.steps,
+            "request_steps": self.request_steps,
+            "tree_nodes": nodes,
+            "accepted_tokens": accepted,
+            "verify_tokens": self.verify_tokens,
+            "mean_tree_size": nodes / per_request if self.request_steps else None,
+            "mean_accept_length": accepted / per_request if self.request_steps else None,
+            "mean_batch_size": self.request_steps / self.steps if self.steps else None,
+            "timed_steps": self.timed_steps,
+            "mean_predicted_verify_ms": self.predicted_verify_ms / self.timed_steps
+            if self.timed_steps
+            else None,
+            "mean_observed_verify_ms": self.observed_verify_ms / self.timed_steps
+            if self.timed_steps
+            else None,
+            "last": dict(self.last),
+        }

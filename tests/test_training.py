@@ -1,0 +1,67 @@
+"""The shipped trained pair and its training command: formats, determinism, quality."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from sglang_bastion.training.drafter import DFlashDrafter
+from sglang_bastion.training.target import features, load_target
+
+PAIR = Path(__file__).resolve().parent.parent / "training" / "pair"
+
+
+def test_the_shipped_pair_is_in_the_formats_sglang_loads():
+    target = json.loads((PAIR / "target" / "config.json").read_text())
+    drafter = json.loads((PAIR / "drafter" / "config.json").read_text())
+    assert target["architectures"] == ["Qwen3ForCausalLM"] and target["num_hidden_layers"] >= 4
+    assert drafter["architectures"] == ["DFlashDraftModel"] and drafter["block_size"] in (8, 16)
+    assert drafter["dflash_config"]["target_layer_ids"]
+    assert drafter["hidden_size"] == target["hidden_size"]
+    assert (PAIR / "target" / "tokenizer.json").is_file()
+
+
+def test_the_shipped_pair_stays_small():
+    size = sum(f.stat().st_size for f in PAIR.rglob("*") if f.is_file())
+    assert size < 30e6
+
+
+def test_the_drafter_module_loads_the_checkpoint_names_exactly():
+    names = set(load_file(PAIR / "drafter" / "model.safetensors"))
+    assert names == set(DFlashDrafter.load(PAIR / "drafter").state_dict())
+
+
+def test_the_drafter_predicts_the_targets_next_tokens_on_held_out_code():
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(PAIR / "target")
+    target, drafter = load_target(PAIR / "target"), DFlashDrafter.load(PAIR / "drafter").eval()
+    text = "import os\n\n\ndef join_all(parts):\n    result = []\n    for part in parts:\n"
+    ids = torch.tensor([tokenizer(text)["input_ids"]])
+    with torch.no_grad():
+        seq = target.generate(input_ids=ids, max_new_tokens=24, do_sample=False, pad_token_id=0)
+        _, feats = features(target, seq, drafter.target_layer_ids)
+        anchor = torch.tensor([[ids.shape[1]]])
+        block = torch.full((1, 1, drafter.block_size), drafter.mask_token_id)
+        block[..., 0] = seq[0, ids.shape[1]]
+        hidden = drafter(drafter.context(feats), target.model.embed_tokens(block), anchor)
+        guess = target.lm_head(hidden[0, 0, 1:]).argmax(-1)
+    truth = seq[0, ids.shape[1] + 1 : ids.shape[1] + drafter.block_size]
+    assert int((guess == truth).sum()) >= 2  # a trained drafter, not a random one
+
+
+@pytest.mark.slow
+def test_training_is_deterministic_from_the_seed(tmp_path):
+    def train(out: Path) -> bytes:
+        command = [sys.executable, "-m", "sglang_bastion.training.train", "--quick"]
+        subprocess.run([*command, "--out", str(out), "--seed", "3"], check=True,
+                       capture_output=True, timeout=300)  # fmt: skip
+        return (out / "drafter" / "model.safetensors").read_bytes()
+
+    assert train(tmp_path / "a") == train(tmp_path / "b")

@@ -1,0 +1,291 @@
+"""Train the tiny target/drafter pair from scratch on the standard library's code.
+
+python -m sglang_bastion.training.train [--out training/pair] [--seed 0] [--quick]
+
+One command, deterministic from ``--seed`` on a given machine kind, about 20-25 minutes on two
+CPU cores (bfloat16 autocast). Four stages:
+
+1. tokenizer: byte-level BPE (4096 tokens) on the training files, chat template, mask token;
+2. target: a 4-layer Qwen3 causal LM (about 5M parameters) trained on the training files;
+3. distillation data: the target's own greedy continuations of prompts cut from the training
+   files, so the drafter learns what the target will say at temperature 0;
+4. drafter: a 2-layer DFlash drafter (block 8, taps after target layers 0, 1, 2), trained with
+   the DFlash objective on the target's frozen hidden states: from the context features of
+   every token before an anchor p and the block [x_p, MASK x 7], predict x_{p+1..p+7} at all
+   masked positions in one non-causal pass (cross-entropy through the target's LM head,
+   weighted towards early positions). Its layers start as copies of the target's last two.
+
+Files (the target's and drafter's directories in the formats SGLang loads, plus
+``TRAINING.md`` with the losses and times) go under ``--out``. Held-out files are never read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+from tqdm import tqdm
+from transformers import PreTrainedTokenizerBase, Qwen3ForCausalLM
+
+from sglang_bastion.training.corpus import read_texts, split_files, stdlib_files, stdlib_root
+from sglang_bastion.training.drafter import DFlashDrafter
+from sglang_bastion.training.formats import (
+    MASK_TOKEN,
+    Qwen3Shape,
+    drafter_config,
+    qwen3_config,
+    save_model,
+    train_tokenizer,
+)
+from sglang_bastion.training.target import features, greedy, new_target
+
+HELD_OUT_PERCENT = 10
+TARGET_SHAPE = Qwen3Shape(hidden=256, layers=4, heads=4, kv_heads=2, head_dim=64, intermediate=768)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Every size and step count of one training run."""
+
+    vocab: int = 4096
+    target: Qwen3Shape = TARGET_SHAPE
+    drafter_layers: int = 2
+    block_size: int = 8
+    taps: tuple[int, ...] = (0, 1, 2)
+    corpus_chars: int = 12_000_000
+    seq_len: int = 256
+    target_steps: int = 800
+    target_batch: int = 16
+    target_lr: float = 2e-3
+    distill_sequences: int = 2048
+    prompt_len: int = 64
+    continuation: int = 192
+    drafter_steps: int = 1600
+    drafter_batch: int = 8
+    anchors: int = 24
+    drafter_lr: float = 1.5e-3
+    decay: float = 4.0  # loss weight of block position k: exp(-(k - 1) / decay)
+
+    def quick(self) -> Recipe:
+        """A few steps of everything, to check the pipeline (not a usable pair)."""
+        small = {"corpus_chars": 400_000, "target_steps": 6, "distill_sequences": 16}
+        return Recipe(**{**asdict(self), **small, "drafter_steps": 6, "target": self.target})
+
+
+def cosine_lr(step: int, steps: int, peak: float, warmup: int = 30) -> float:
+    """Linear warm-up then cosine decay to 10% of ``peak``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def token_stream(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> torch.Tensor:
+    """[T] every text's tokens, each followed by the end-of-text token."""
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    ids: list[int] = []
+    for text in texts:
+        ids += tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def train_target(
+    recipe: Recipe, stream: torch.Tensor, gen: torch.Generator, log: list[dict]
+) -> Qwen3ForCausalLM:
+    """The target trained by next-token prediction on random windows of ``stream``."""
+    model = new_target(
+        recipe.target, recipe.vocab, seed=int(torch.randint(1 << 30, (1,), generator=gen))
+    )
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=recipe.target_lr, weight_decay=0.1, betas=(0.9, 0.95)
+    )
+    model.train()
+    bar = tqdm(range(recipe.target_steps), desc="target", unit="step")
+    for step in bar:
+        starts = torch.randint(
+            len(stream) - recipe.seq_len - 1, (recipe.target_batch,), generator=gen
+        )
+        batch = torch.stack([stream[s : s + recipe.seq_len] for s in starts.tolist()])
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, recipe.target_steps, recipe.target_lr)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if step % 50 == 0 or step == recipe.target_steps - 1:
+            log.append({"stage": "target", "step": step, "loss": round(loss.item(), 4)})
+    return model.eval()
+
+
+@torch.no_grad()
+def distill_data(
+    recipe: Recipe, model: Qwen3ForCausalLM, stream: torch.Tensor, gen: torch.Generator
+) -> torch.Tensor:
+    """[S, P + C] prompts from ``stream`` followed by the target's greedy continuations."""
+    starts = torch.randint(
+        len(stream) - recipe.prompt_len, (recipe.distill_sequences,), generator=gen
+    )
+    prompts = torch.stack([stream[s : s + recipe.prompt_len] for s in starts.tolist()])
+    out = []
+    for chunk in tqdm(prompts.split(64), desc="distillation data", unit="batch"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out.append(greedy(model, chunk, recipe.continuation))
+    return torch.cat(out)
+
+
+def drafter_from_target(recipe: Recipe, target: Qwen3ForCausalLM, mask_id: int) -> DFlashDrafter:
+    """A drafter whose layers start as copies of the target's last layers."""
+    shape = Qwen3Shape(**{**asdict(recipe.target), "layers": recipe.drafter_layers})
+    cfg = drafter_config(
+        shape, recipe.vocab, block_size=recipe.block_size, num_target_layers=recipe.target.layers,
+        mask_token_id=mask_id, target_layer_ids=recipe.taps,
+    )  # fmt: skip
+    drafter = DFlashDrafter(cfg)
+    source = target.model.layers[-recipe.drafter_layers :]
+    for mine, theirs in zip(drafter.layers, source, strict=True):
+        mine.load_state_dict(theirs.state_dict())
+    return drafter
+
+
+def block_loss(
+    recipe: Recipe,
+    drafter: DFlashDrafter,
+    target,
+    seqs: torch.Tensor,
+    gen: torch.Generator,
+) -> torch.Tensor:
+    """The DFlash objective on random anchors in the continuation part of ``seqs``."""
+    b, length = seqs.shape
+    block = recipe.block_size
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        _, feats = features(target, seqs, list(recipe.taps))
+    low, high = recipe.prompt_len, length - block
+    anchors = torch.randint(low, high + 1, (b, recipe.anchors), generator=gen)  # [b, A]
+    idx = anchors.unsqueeze(-1) + torch.arange(block)  # [b, A, B]
+    labels = seqs.gather(1, idx.view(b, -1)).view(b, recipe.anchors, block)
+    block_ids = torch.full_like(labels, drafter.mask_token_id)
+    block_ids[..., 0] = labels[..., 0]
+    embed = target.model.embed_tokens
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ctx = drafter.context(feats.float())
+        hidden = drafter(ctx, embed(block_ids).detach(), anchors)  # [b, A, B, H]
+        logits = target.lm_head(hidden[:, :, 1:])  # [b, A, B-1, V]
+    ce = F.cross_entropy(logits.float().flatten(0, 2), labels[..., 1:].flatten(), reduction="none")
+    weights = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / recipe.decay)
+    ce = ce.view(b, recipe.anchors, block - 1)
+    return (ce * weights).sum(-1).mean() / weights.sum()
+
+
+def train_drafter(
+    recipe: Recipe,
+    drafter: DFlashDrafter,
+    target: Qwen3ForCausalLM,
+    data: torch.Tensor,
+    gen: torch.Generator,
+    log: list[dict],
+) -> DFlashDrafter:
+    """The drafter trained on the distillation data with the target frozen."""
+    for p in target.parameters():
+        p.requires_grad_(False)
+    opt = torch.optim.AdamW(
+        drafter.parameters(), lr=recipe.drafter_lr, weight_decay=0.01, betas=(0.9, 0.95)
+    )
+    drafter.train()
+    bar = tqdm(range(recipe.drafter_steps), desc="drafter", unit="step")
+    for step in bar:
+        rows = torch.randint(len(data), (recipe.drafter_batch,), generator=gen)
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, recipe.drafter_steps, recipe.drafter_lr)
+        loss = block_loss(recipe, drafter, target, data[rows], gen)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if step % 50 == 0 or step == recipe.drafter_steps - 1:
+            log.append({"stage": "drafter", "step": step, "loss": round(loss.item(), 4)})
+    return drafter.eval()
+
+
+def train_pair(out: Path, recipe: Recipe, seed: int) -> dict:
+    """Train tokenizer, target and drafter into ``out``/{target,drafter}; a summary."""
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    torch.set_num_threads(2)
+    gen = torch.Generator().manual_seed(seed)
+    times: dict[str, float] = {}
+    log: list[dict] = []
+    root = stdlib_root()
+    train_names, held_names = split_files(stdlib_files(root), HELD_OUT_PERCENT)
+    texts = read_texts(root, train_names, recipe.corpus_chars)
+    target_dir, drafter_dir = out / "target", out / "drafter"
+
+    start = time.perf_counter()
+    vocab = train_tokenizer(texts, target_dir, recipe.vocab)
+    assert vocab == recipe.vocab, f"tokenizer has {vocab} tokens, the recipe {recipe.vocab}"
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    stream = token_stream(tokenizer, texts)
+    times["tokenizer_s"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    target = train_target(recipe, stream, gen, log)
+    save_model(target_dir, qwen3_config(recipe.target, vocab), target.state_dict())
+    times["target_s"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    data = distill_data(recipe, target, stream, gen)
+    times["distill_s"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    drafter = drafter_from_target(recipe, target, tokenizer.convert_tokens_to_ids(MASK_TOKEN))
+    drafter = train_drafter(recipe, drafter, target, data, gen, log)
+    save_model(drafter_dir, drafter.config, drafter.state_dict())
+    times["drafter_s"] = time.perf_counter() - start
+
+    summary = {
+        "seed": seed,
+        "recipe": asdict(recipe),
+        "train_files": len(train_names),
+        "held_out_files": len(held_names),
+        "train_tokens": len(stream),
+        "target_params": sum(p.numel() for p in target.parameters()),
+        "drafter_params": sum(p.numel() for p in drafter.parameters()),
+        "times_s": {k: round(v, 1) for k, v in times.items()},
+        "log": log,
+    }
+    (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def parse_args() -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "pair")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="a few steps (pipeline check)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    """Train the pair and print where it went."""
+    args = parse_args()
+    recipe = Recipe().quick() if args.quick else Recipe()
+    summary = train_pair(args.out, recipe, args.seed)
+    print(json.dumps({k: v for k, v in summary.items() if k != "log"}, indent=2))
+    print(f"target: {args.out / 'target'}\ndrafter: {args.out / 'drafter'}")
+
+
+if __name__ == "__main__":
+    main()
