@@ -17,7 +17,8 @@ import requests
 
 STANDINS = Path(__file__).resolve().parent / "sglang_standins"
 # TRITON_INTERPRET: SGLang warms a Triton KV-copy kernel up for every speculative server.
-SERVER_ENV = {"TRITON_INTERPRET": "1", "SGLANG_BASTION_TOPK": "4"}
+# OMP_NUM_THREADS=1: two OpenMP threads on two shared cores stall whenever another job runs.
+SERVER_ENV = {"TRITON_INTERPRET": "1", "SGLANG_BASTION_TOPK": "4", "OMP_NUM_THREADS": "1"}
 CPU_ARGS = [
     "--device", "cpu",
     "--disable-cuda-graph",
@@ -44,10 +45,16 @@ def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def launch_command(model: Path, args: Sequence[str], port: int) -> list[str]:
-    """The ``python -m sglang.launch_server`` command line for a CPU test server."""
+LAUNCH_SERVER = (sys.executable, "-m", "sglang.launch_server")
+SGLANG_SERVE = (str(Path(sys.executable).with_name("sglang")), "serve")  # the console script
+
+
+def launch_command(
+    model: Path, args: Sequence[str], port: int, launcher: Sequence[str] = LAUNCH_SERVER
+) -> list[str]:
+    """The launcher's command line (default ``python -m sglang.launch_server``) for CPU."""
     return [
-        sys.executable, "-m", "sglang.launch_server",
+        *launcher,
         "--model-path", str(model),
         "--host", "127.0.0.1", "--port", str(port),
         *CPU_ARGS, *args,
@@ -61,12 +68,13 @@ def sglang_server(
     log_path: Path,
     env: dict[str, str] | None = None,
     timeout_s: float = 240.0,
+    launcher: Sequence[str] = LAUNCH_SERVER,
 ) -> Iterator[str]:
     """A running server's base URL; the whole process group is stopped on exit."""
     port = free_port()
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            launch_command(model, args, port),
+            launch_command(model, args, port, launcher),
             stdout=log,
             stderr=subprocess.STDOUT,
             env=server_env(env),
@@ -112,13 +120,15 @@ def tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def run_to_exit(model: Path, args: Sequence[str], timeout_s: float = 300.0) -> tuple[int, str]:
+def run_to_exit(
+    model: Path, args: Sequence[str], timeout_s: float = 300.0, env: dict[str, str] | None = None
+) -> tuple[int, str]:
     """Start a server expected to refuse its arguments; its exit code and output."""
     proc = subprocess.run(
         launch_command(model, args, free_port()),
         capture_output=True,
         text=True,
-        env=server_env(),
+        env=server_env(env),
         timeout=timeout_s,
         start_new_session=True,
     )

@@ -18,12 +18,17 @@ pytestmark = pytest.mark.slow
 BACKEND = ["--attention-backend", "bastion_cpu", "--max-total-tokens", "8192"]
 
 
-def refusal(pair: tuple[Path, Path], drafter: Path | str | None, *extra: str) -> str:
+def refusal(
+    pair: tuple[Path, Path],
+    drafter: Path | str | None,
+    *extra: str,
+    env: dict[str, str] | None = None,
+) -> str:
     """Start a BASTION server expected to refuse; its output (asserting a quick failure)."""
     args = [*BACKEND, "--speculative-algorithm", "BASTION", *extra]
     if drafter is not None:
         args += ["--speculative-draft-model-path", str(drafter)]
-    code, output = run_to_exit(pair[0], args)
+    code, output = run_to_exit(pair[0], args, env=env)
     assert code != 0
     assert "Traceback" not in output, output[-2000:]
     return output
@@ -57,3 +62,23 @@ def test_drafter_tapping_layers_the_target_lacks_is_refused(pair, tmp_path):
     config = json.loads((drafter / "config.json").read_text())
     assert config["dflash_config"]["target_layer_ids"] == [0, 3]
     assert "target_layer_ids" in refusal(pair, drafter)
+
+
+SHIPPED_PROFILE = Path(__file__).resolve().parent.parent / "calibration/profiles/tiny-pair-cpu.json"
+
+
+def test_a_profile_measured_for_another_target_is_refused(pair):
+    output = refusal(pair, pair[1], env={"SGLANG_BASTION_PROFILE": str(SHIPPED_PROFILE)})
+    assert "identity.target.config_sha256" in output and "bastion-calibrate" in output
+
+
+def test_a_malformed_profile_is_refused(pair, tmp_path):
+    broken = tmp_path / "profile.json"
+    broken.write_text('{"schema_version": 1, "identity": ')
+    output = refusal(pair, pair[1], env={"SGLANG_BASTION_PROFILE": str(broken)})
+    assert "not valid JSON" in output and str(broken) in output
+
+
+def test_an_adaptive_mode_without_a_profile_is_refused(pair):
+    output = refusal(pair, pair[1], env={"SGLANG_BASTION_MODE": "static"})
+    assert "SGLANG_BASTION_MODE=static needs a latency profile" in output

@@ -1,20 +1,32 @@
 """The shipped trained pair served by SGLang: real acceptance, the drafter module is SGLang's,
 /server_info shows the controller, and a server trace replays exactly in the simulator.
 
-Two real servers for this module (plain and BASTION N=16 with a step trace), HumanEval
-prompts, greedy.
+Three real servers for this module (plain, BASTION N=16 with a step trace, adaptive BASTION
+with the shipped latency profile), HumanEval prompts, greedy.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import requests
 import torch
-from server_utils import SERVER_ENV, assert_all_same, bastion_args, run_all, sglang_server
+from server_utils import (
+    CPU_ARGS,
+    SERVER_ENV,
+    assert_all_same,
+    bastion_args,
+    run_all,
+    server_env,
+    sglang_server,
+)
 
+from sglang_bastion.calibration.hardware import device_name
 from sglang_bastion.training.drafter import DFlashDrafter
 from sglang_bastion.training.target import features, load_target
 
@@ -23,7 +35,9 @@ import simulate
 
 pytestmark = pytest.mark.slow
 
-PAIR = Path(__file__).resolve().parent.parent / "training" / "pair"
+ROOT = Path(__file__).resolve().parent.parent
+PAIR = ROOT / "training" / "pair"
+SHIPPED_PROFILE = ROOT / "calibration" / "profiles" / "tiny-pair-cpu.json"
 BACKEND = ["--attention-backend", "bastion_cpu", "--max-total-tokens", "8192"]
 ENV = {**SERVER_ENV, "SGLANG_BASTION_TOPK": "8"}
 
@@ -122,3 +136,57 @@ def test_replaying_the_servers_trace_reproduces_its_acceptance(traced, served):
     for step in steps:
         accept, _, _ = simulate.replay(step, int(header["top_k"]), simulate.LiveBudget("fixed", 16))
         assert torch.equal(accept, step.recorded_accept)
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory) -> Path:
+    """The shipped tiny-pair profile if it was measured on this CPU kind, else a fresh one."""
+    measured_on = json.loads(SHIPPED_PROFILE.read_text())["hardware"]["device_name"]
+    if measured_on == device_name(torch.device("cpu")):
+        return SHIPPED_PROFILE
+    out = tmp_path_factory.mktemp("profile") / "profile.json"
+    command = [shutil.which("bastion-calibrate") or "bastion-calibrate", "--quick", "--no-progress",
+               "--model-path", str(PAIR / "target"), "--speculative-draft-model-path",
+               str(PAIR / "drafter"), "--output", str(out), *CPU_ARGS,
+               "--attention-backend", "bastion_cpu"]  # fmt: skip
+    subprocess.run(command, env=server_env(ENV), check=True, capture_output=True, timeout=600)
+    return out
+
+
+@pytest.fixture(scope="module")
+def adaptive_url(tmp_path_factory, profile):
+    """BASTION with the adaptive controller (trees of up to 64 nodes) and the profile."""
+    log = tmp_path_factory.mktemp("logs") / "adaptive.log"
+    env = {**ENV, "SGLANG_BASTION_PROFILE": str(profile)}
+    args = [*BACKEND, *bastion_args(PAIR / "drafter", 64)]
+    with sglang_server(PAIR / "target", args, log, env=env) as url:
+        yield url
+
+
+def bastion_counters(url: str) -> dict:
+    """The server's BASTION state from /server_info."""
+    return requests.get(f"{url}/server_info", timeout=60).json()["internal_states"][0]["bastion"]
+
+
+def mean_tree_size(before: dict, after: dict) -> float:
+    """Mean verified tree size between two readings of the counters."""
+    return (after["tree_nodes"] - before["tree_nodes"]) / (
+        after["request_steps"] - before["request_steps"]
+    )
+
+
+def test_adaptive_greedy_outputs_equal_the_plain_server(plain_url, adaptive_url):
+    batch = [{"prompt": p, "max_tokens": 32} for p in PROMPTS]
+    assert_all_same(plain_url, batch, run_all(adaptive_url, batch), run_all(plain_url, batch))
+    state = bastion_counters(adaptive_url)
+    assert state["controller"]["mode"] == "static" and state["controller"]["profile"]
+
+
+def test_the_adaptive_controller_verifies_smaller_trees_for_bigger_batches(adaptive_url):
+    first = bastion_counters(adaptive_url)
+    run_all(adaptive_url, [{"prompt": PROMPTS[0], "max_tokens": 32}])
+    alone = bastion_counters(adaptive_url)
+    prompts = [f"def f{i}(x):\n    return x *" for i in range(8)]
+    run_all(adaptive_url, [{"prompt": p, "max_tokens": 32} for p in prompts])
+    together = bastion_counters(adaptive_url)
+    assert mean_tree_size(alone, together) < mean_tree_size(first, alone)
