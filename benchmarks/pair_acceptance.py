@@ -36,6 +36,12 @@ from sglang_bastion.tree import accept_path, build_trees
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def display(path: Path) -> str:
+    """``path`` relative to the repository when it is inside it."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def held_out_prompts(tokenizer, count: int, length: int, seed: int) -> torch.Tensor:
     """[count, length] token windows cut at random from the held-out files."""
     root = stdlib_root()
@@ -139,8 +145,9 @@ def main() -> None:
         "",
         f"Command: `python {meta['command']}`",
         "",
-        f"Pair: `{args.pair}` (block {drafter.block_size}); {args.prompts} held-out prompts of "
-        f"{args.prompt_len} tokens, {args.new_tokens} greedy tokens each; K={args.top_k}. "
+        f"Pair: `{display(args.pair)}` (block {drafter.block_size}); {args.prompts} held-out "
+        f"prompts of {args.prompt_len} tokens, {args.new_tokens} greedy tokens each; "
+        f"K={args.top_k}. "
         f"Machine: {meta['cpu']}, torch {meta['torch']}, {meta['date']}.",
         "",
         markdown_table(rows, columns),
