@@ -156,15 +156,19 @@ def simulate(
             policies[f"{mode} {layout}"] = LiveBudget(mode, n_max, layout, model)
     produced = header["controller"]
     check = {"policy": f"{produced['mode']} (N={produced['max_nodes']})", "steps": 0, "equal": 0}
-    recorder = (
-        LiveBudget("fixed", int(produced["max_nodes"])) if produced["mode"] == "fixed" else None
-    )
+    spent = [0.0, 0.0, 0.0]  # recorded tokens, predicted ms, recorded ms (the producing policy)
+    recorder = producing_policy(produced, model)
     totals: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     for step in steps:
         if recorder is not None:
             got, _, _ = replay(step, top_k, recorder)
             check["steps"] += 1
             check["equal"] += int(torch.equal(got, step.recorded_accept))
+            share = len(got) / step.batch_size  # the greedy requests' part of the step
+            context = float(step.context_lens.float().mean())
+            spent[0] += float(step.recorded_accept.sum())
+            spent[1] += float(model.cycle_ms(step.batch_size, step.recorded_width, context)) * share
+            spent[2] += (step.cycle_ms or 0.0) * share
         for name, policy in policies.items():
             accept, width, _ = replay(step, top_k, policy)
             cycle = float(
@@ -175,6 +179,9 @@ def simulate(
             cell[1] += cycle * len(accept) / step.batch_size  # this step's share of the cycle
             cell[2] += len(accept)  # request-steps
             cell[3] += width * len(accept)
+    if spent[1] and spent[2]:
+        check["predicted_tok_s"] = 1e3 * spent[0] / spent[1]
+        check["recorded_tok_s"] = 1e3 * spent[0] / spent[2]  # from the worker's step times
     rows = []
     for (name, batch), (tokens, ms, count, nodes) in sorted(
         totals.items(), key=lambda kv: (kv[0][1], kv[0][0])
@@ -194,6 +201,30 @@ def simulate(
                 r["vs oracle fixed"] = r["speedup vs AR"] / best["speedup vs AR"]
                 r["oracle N"] = best["policy"].removeprefix("fixed N=")
     return rows, check
+
+
+def producing_policy(produced: dict, model: LatencyModel) -> LiveBudget | None:
+    """The trace's own policy, when its decisions can be replayed (fixed, or static)."""
+    if produced["mode"] == "fixed":
+        return LiveBudget("fixed", int(produced["max_nodes"]))
+    if produced["mode"] == "static":  # exact when the replay uses the server's profile
+        return LiveBudget("static", int(produced["max_nodes"]), produced["layout"], model)
+    return None  # ema modes depend on the observed times of every earlier step
+
+
+def throughput_line(check: dict, measured_tok_s: float | None) -> str:
+    """The producing policy's predicted throughput against what the server did."""
+    if "predicted_tok_s" not in check:
+        return "Throughput: the trace has no step times for the producing policy."
+    line = (
+        f"Throughput of the producing policy: predicted {check['predicted_tok_s']:.1f} tok/s, "
+        f"worker step times {check['recorded_tok_s']:.1f} tok/s "
+        f"(predicted/recorded {check['predicted_tok_s'] / check['recorded_tok_s']:.3f})"
+    )
+    if measured_tok_s:
+        ratio = check["predicted_tok_s"] / measured_tok_s
+        line += f", server output {measured_tok_s:.1f} tok/s (predicted/measured {ratio:.3f})"
+    return line + "."
 
 
 def plot(rows: list[dict], out: Path) -> None:
@@ -231,6 +262,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--t-aux-ms", type=float, default=2.0, help="T_aux without a profile")
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
     parser.add_argument("--modes", nargs="+", default=["static", "ema", "ema_calib"])
+    parser.add_argument("--measured-tok-s", type=float, help="the server's measured output tok/s")
     parser.add_argument("--out", type=Path, default=RESULTS / "simulate")
     return parser.parse_args()
 
@@ -251,8 +283,10 @@ def main() -> None:
                "speedup vs AR", "vs oracle fixed", "oracle N"]  # fmt: skip
     table = markdown_table(rows, columns)
     print(table)
+    throughput = throughput_line(check, args.measured_tok_s)
     print(f"exactness: replaying {check['policy']} reproduces {check['equal']}/{check['steps']} "
-          "recorded steps' acceptance")  # fmt: skip
+          f"recorded steps' acceptance. {throughput}")  # fmt: skip
+    check["measured_tok_s"] = args.measured_tok_s
     meta = machine()
     source = f"profile {args.profile}" if args.profile else f"roofline {args.gpu} + {args.config}"
     (args.out / "simulate.json").write_text(
@@ -261,8 +295,8 @@ def main() -> None:
     md = ["# Controller simulator", "", f"Command: `python {meta['command']}`", "",
           f"Traces: {', '.join(map(str, args.traces))}; latency: {source}.", "",
           f"Exactness: replaying the producing policy ({check['policy']}) reproduces "
-          f"{check['equal']} of {check['steps']} recorded steps' acceptance.",
-          "", table, ""]  # fmt: skip
+          f"{check['equal']} of {check['steps']} recorded steps' acceptance.", "",
+          throughput, "", table, ""]  # fmt: skip
     (args.out / "simulate.md").write_text("\n".join(md))
     plot(rows, args.out / "simulate.png")
 

@@ -148,7 +148,7 @@ class BastionWorker(DFlashWorkerV2):
         trees = build_trees_from_top_k(
             top_q, top_ids, draft_input.bonus_tokens.to(torch.long), max_nodes=self.max_nodes
         )
-        decision = self._decide(trees, batch_size=bs, context_lens=prefix)
+        decision = self._decide(trees, batch_size=bs, context_lens=prefix_cpu)  # host copy: no sync
         trees = trees.truncate(decision.sizes).narrow(decision.width)
         width = decision.width
         verify = verify_inputs(trees, prefix, prefix_cpu)

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from sweep_server import LAUNCH_SERVER, free_port, running_server
+from sweep_server import launch_command as sweep_launch_command
 
 STANDINS = Path(__file__).resolve().parent / "sglang_standins"
 # TRITON_INTERPRET: SGLang warms a Triton KV-copy kernel up for every speculative server.
@@ -29,13 +30,6 @@ CPU_ARGS = [
 ]  # fmt: skip
 
 
-def free_port() -> int:
-    """An unused TCP port on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for a spawned server: the CPU stand-ins first on PYTHONPATH."""
     env = dict(os.environ)
@@ -45,20 +39,14 @@ def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-LAUNCH_SERVER = (sys.executable, "-m", "sglang.launch_server")
 SGLANG_SERVE = (str(Path(sys.executable).with_name("sglang")), "serve")  # the console script
 
 
 def launch_command(
     model: Path, args: Sequence[str], port: int, launcher: Sequence[str] = LAUNCH_SERVER
 ) -> list[str]:
-    """The launcher's command line (default ``python -m sglang.launch_server``) for CPU."""
-    return [
-        *launcher,
-        "--model-path", str(model),
-        "--host", "127.0.0.1", "--port", str(port),
-        *CPU_ARGS, *args,
-    ]  # fmt: skip
+    """The launcher's command line for a CPU test server."""
+    return sweep_launch_command(model, [*CPU_ARGS, *args], port, launcher)
 
 
 @contextlib.contextmanager
@@ -70,54 +58,11 @@ def sglang_server(
     timeout_s: float = 240.0,
     launcher: Sequence[str] = LAUNCH_SERVER,
 ) -> Iterator[str]:
-    """A running server's base URL; the whole process group is stopped on exit."""
-    port = free_port()
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            launch_command(model, args, port, launcher),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=server_env(env),
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, log_path, timeout_s)
+    """A running CPU test server's base URL; its process group is stopped on exit."""
+    with running_server(
+        model, [*CPU_ARGS, *args], server_env(env), log_path, timeout_s, launcher
+    ) as url:
         yield url
-    finally:
-        stop(proc)
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
-    """Block until ``url`` answers /health, or fail with the tail of the server log."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{tail(log_path)}")
-        with contextlib.suppress(requests.RequestException):
-            if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"server not healthy after {timeout_s:.0f}s:\n{tail(log_path)}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Terminate the server's process group, killing it if it does not exit promptly."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    """The last lines of a log file."""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def run_to_exit(

@@ -65,8 +65,8 @@ def test_ragged_width_is_the_largest_per_request_size():
 
 def test_prediction_is_the_latency_model_at_the_chosen_width():
     lm = model()
-    decision = LiveBudget("static", 64, "uniform", lm).decide(trees(4), torch.full((4,), 300))
-    expected = float(lm.cycle_ms(4, decision.width, 300.0))
+    decision = LiveBudget("static", 64, "uniform", lm).decide(trees(4), torch.full((4,), 320))
+    expected = float(lm.cycle_ms(4, decision.width, 320.0))
     assert decision.predicted_cycle_ms == pytest.approx(expected)
     assert decision.predicted_verify_ms == pytest.approx(expected - lm.aux_ms(4))
 
@@ -93,3 +93,11 @@ def test_a_slower_observed_verify_makes_ema_choose_smaller_trees():
     before = budget.decide(batch, contexts)
     budget.observe(before, 20 * before.predicted_verify_ms)
     assert budget.decide(batch, contexts).width < before.width
+
+
+def test_prices_are_those_of_the_nearest_context_bucket():
+    budget = LiveBudget("static", 64, "uniform", model())
+    assert torch.equal(budget.cost_vector_ms(4, 1001.0), budget.cost_vector_ms(4, 1007.0))
+    assert not torch.equal(budget.cost_vector_ms(4, 1000.0), budget.cost_vector_ms(4, 1100.0))
+    expected = model().cycle_ms(4, torch.arange(1, 65, dtype=torch.float64), 1008.0)
+    assert torch.allclose(budget.cost_vector_ms(4, 1007.0), expected)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sglang_bastion.budget.latency import LatencyModel, cost_vector_ms, ema_update
+from sglang_bastion.budget.latency import LatencyModel, ema_update
 from sglang_bastion.controller import fixed_sizes, per_request_sizes, uniform_width
 from sglang_bastion.tree.batch import TreeBatch
 
@@ -47,6 +47,8 @@ class LiveBudget:
     ema_alpha: float = 0.1
     gamma: float = 1.0
     observed_steps: int = field(default=0)
+    context_bucket: int = 16  # mean contexts are priced at the nearest multiple of this
+    _verify_cache: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         """Refuse an adaptive mode without a latency model."""
@@ -60,7 +62,7 @@ class LiveBudget:
             return Decision(sizes, int(sizes.max()), None, None)
         batch = trees.batch_size
         context = float(context_lens.float().mean())
-        cost = cost_vector_ms(self.model, batch, self.max_nodes, context, self.mode, self.gamma)
+        cost = self.cost_vector_ms(batch, context)
         if self.layout == "ragged":
             sizes = per_request_sizes(trees, cost, self.model.ar_ms(batch))
             width = int(sizes.max())
@@ -69,6 +71,20 @@ class LiveBudget:
             sizes = trees.num_nodes.clamp(max=width)
         cycle = float(cost[width - 1])
         return Decision(sizes, width, cycle - self.model.aux_ms(batch), cycle)
+
+    def cost_vector_ms(self, batch: int, context: float) -> torch.Tensor:
+        """[N] float64: predicted cycle ms for 1..N tokens per request (cached verify terms)."""
+        bucket = round(context / self.context_bucket) * self.context_bucket
+        key = (batch, bucket)
+        verify = self._verify_cache.get(key)
+        if verify is None:  # the verify term before gamma: calibrated, or bare in "ema"
+            if len(self._verify_cache) >= 4096:  # bounded: long-running servers see many keys
+                self._verify_cache.clear()
+            tokens = torch.arange(1, self.max_nodes + 1, dtype=torch.float64)  # [N]
+            price = self.model.roofline_ms if self.mode == "ema" else self.model.verify_ms
+            verify = self._verify_cache.setdefault(key, price(batch, tokens, bucket))
+        scale = 1.0 if self.mode == "static" else self.gamma
+        return self.model.aux_ms(batch) + scale * verify
 
     def observe(self, decision: Decision, verify_ms: float) -> None:
         """Fold an observed verify time into gamma (ema modes; otherwise only counted)."""

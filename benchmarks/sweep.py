@@ -1,0 +1,228 @@
+"""Concurrency sweep: one real SGLang server per method, driven by SGLang's own benchmark.
+
+python benchmarks/sweep.py --model-path T --draft-model-path D \
+    [--eagle-draft-model-path E] [--methods none,dflash,bastion-16,bastion-32,bastion-adaptive] \
+    [--concurrency 1,4,16] [--num-prompts P] [--output-len L] [--temperature X] \
+    [--dataset humaneval|prompts.jsonl] [--profile latency_profile.json] [--out DIR] [--quick] \
+    [-- extra launch_server arguments]
+
+For each method it starts ``python -m sglang.launch_server`` on a free 127.0.0.1 port, waits
+for /health, runs ``sglang.bench_serving`` at each concurrency and stops the server's whole
+process group, also on failure, Ctrl-C or SIGTERM. Each (method, concurrency) cell records output
+tokens/s, requests/s, TTFT and inter-token latency (mean, p50, p99), the average acceptance
+length and the mean tree size; results go to
+benchmarks/results/sweeps/<date>_<hardware>_<model>/sweep.{json,csv,md,png}. A rerun with the
+same folder skips the cells already measured with the same server setup. Without a visible
+CUDA device every method runs with the CPU recipe (bastion_cpu attention, bfloat16,
+TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from common import RESULTS, machine
+from sweep_bench import BENCH_MODULE, bench_argv, load_prompts, run_bench, write_bench_dataset
+from sweep_methods import Method, parse_methods, server_setup
+from sweep_metrics import cell_metrics
+from sweep_report import ResultStore, folder_name, model_name, write_reports
+from sweep_server import reset_acceptance, running_server, server_info, warm_up
+from tqdm import tqdm
+
+SWEEPS = RESULTS / "sweeps"
+DEFAULT_METHODS = "none,dflash,bastion-16,bastion-32,bastion-adaptive"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Command-line options; everything after ``--`` goes to every server unchanged."""
+    extra: list[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, extra = argv[:at], argv[at + 1 :]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model-path", required=True, help="target model (path or hub id)")
+    parser.add_argument("--draft-model-path", help="DFlash drafter (dflash, bastion-*)")
+    parser.add_argument("--eagle-draft-model-path", help="EAGLE3 drafter (adds method eagle3)")
+    parser.add_argument("--methods", default=None, help=f"comma list (default {DEFAULT_METHODS})")
+    parser.add_argument("--concurrency", default="1,4,16", help="comma list of max concurrency")
+    parser.add_argument("--num-prompts", type=int, help="per cell (default max(min, 2C))")
+    parser.add_argument("--min-prompts", type=int, default=8, help="fewest prompts per cell")
+    parser.add_argument("--output-len", type=int, default=None, help="tokens (default 128)")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--dataset", default="humaneval", help="humaneval or a JSONL of prompts")
+    parser.add_argument("--profile", type=Path, help="latency profile for bastion-adaptive")
+    parser.add_argument("--adaptive-max-nodes", type=int, help="N_max of bastion-adaptive")
+    parser.add_argument("--adaptive-mode", help="controller mode of bastion-adaptive (static...)")
+    parser.add_argument("--out", type=Path, help="results folder (default: dated, under sweeps/)")
+    parser.add_argument("--quick", action="store_true", help="max(2, C) prompts of 32 tokens (CI)")
+    parser.add_argument("--server-timeout", type=float, default=600.0, help="start-up limit, s")
+    args = parser.parse_args(argv)
+    args.extra = extra
+    if args.methods is None:
+        args.methods = DEFAULT_METHODS if args.profile else DEFAULT_METHODS.rsplit(",", 1)[0]
+        if args.eagle_draft_model_path:
+            args.methods += ",eagle3"
+    return args
+
+
+def prompts_per_cell(args: argparse.Namespace, concurrency: int) -> int:
+    """Requests sent at ``concurrency``: --num-prompts, else enough to keep it busy."""
+    if args.num_prompts:
+        return args.num_prompts
+    return max(2, concurrency) if args.quick else max(args.min_prompts, 2 * concurrency)
+
+
+def cuda_visible() -> bool:
+    """Whether this machine has a CUDA device (else every server runs the CPU recipe)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def hardware() -> str:
+    """A short name of the accelerator the servers use: GPU model and count, or CPU cores."""
+    if not cuda_visible():
+        return f"cpu{len(os.sched_getaffinity(0))}"
+    try:  # nvidia-smi, so this process never holds GPU memory the servers could use
+        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+        names = subprocess.run(query, capture_output=True, text=True, check=True).stdout.split("\n")
+        names = [n.strip() for n in names if n.strip()]
+    except (OSError, subprocess.CalledProcessError):
+        names = ["GPU"]
+    import torch
+
+    count, name = torch.cuda.device_count(), names[0].replace("NVIDIA ", "")
+    return f"{count}x{name}" if count > 1 else name
+
+
+def measure_method(
+    method: Method,
+    concurrencies: list[int],
+    args: argparse.Namespace,
+    store: ResultStore,
+    dataset: Path,
+    warmup_prompt: str,
+    progress: tqdm,
+) -> None:
+    """Start the method's server, measure every missing concurrency, stop the server."""
+    server_args, env = server_setup(method, args.extra, on_cpu=not cuda_visible())
+    logs = store.folder / "logs"
+    started = time.monotonic()
+    progress.write(f"[{method.name}] starting server ({' '.join(method.args) or 'no speculation'})")
+    with running_server(
+        Path(args.model_path), server_args, env, logs / f"{method.name}.server.log",
+        args.server_timeout,
+    ) as url:  # fmt: skip
+        progress.write(f"[{method.name}] healthy after {time.monotonic() - started:.0f} s at {url}")
+        warm_up(url, warmup_prompt)
+        for concurrency in concurrencies:
+            progress.set_description(f"{method.name} C={concurrency}")
+            num_prompts = prompts_per_cell(args, concurrency)
+            reset_acceptance(url, server_info(url))
+            before = server_info(url)
+            argv = bench_argv(
+                url, args.model_path, dataset, num_prompts, args.output_len, concurrency,
+                args.temperature, logs / f"{method.name}.c{concurrency}.bench.jsonl",
+            )  # fmt: skip
+            result = run_bench(argv, logs / f"{method.name}.c{concurrency}.bench.log")
+            after = server_info(url)
+            cell = cell_metrics(method.name, method.algorithm, concurrency, result, before, after)
+            # On a shared machine other work skews throughput: keep its load with the cell.
+            load = os.getloadavg()[0]
+            cell |= {"num_prompts": num_prompts, "load_1m": load, "server": method.setup()}
+            store.add(cell)
+            progress.update(1)
+            progress.write(
+                f"[{method.name}] C={concurrency}: {cell['output_tok_s']:.1f} tok/s, "
+                f"accept {cell['accept_len'] or float('nan'):.2f}, "
+                f"tree {cell['tree_size'] or float('nan'):.1f} ({num_prompts} prompts)"
+            )
+    progress.write(f"[{method.name}] server stopped")
+
+
+def run_sweep(args: argparse.Namespace) -> tuple[Path, list[str]]:
+    """Measure every missing cell; the results folder and the methods that failed."""
+    if args.quick:
+        args.output_len = args.output_len or 32
+    args.output_len = args.output_len or 128
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    drafter = Path(args.draft_model_path) if args.draft_model_path else None
+    eagle = Path(args.eagle_draft_model_path) if args.eagle_draft_model_path else None
+    methods = parse_methods(
+        names, drafter, eagle, args.profile, args.adaptive_max_nodes, args.adaptive_mode
+    )
+
+    meta = machine() | {"hardware": hardware()}
+    default = folder_name(meta["hardware"], args.model_path) + ("_quick" if args.quick else "")
+    folder = args.out or SWEEPS / default
+    num_prompts_text = str(args.num_prompts) if args.num_prompts else (
+        "max(2, C)" if args.quick else f"max({args.min_prompts}, 2C)"
+    )  # fmt: skip
+    config = {
+        "model": args.model_path,
+        "drafter": args.draft_model_path,
+        "eagle_drafter": args.eagle_draft_model_path,
+        "profile": str(args.profile) if args.profile else None,
+        "dataset": args.dataset,
+        "num_prompts": args.num_prompts,
+        "num_prompts_text": num_prompts_text,
+        "quick": args.quick,
+        "output_len": args.output_len,
+        "temperature": args.temperature,
+        "extra": args.extra,
+        "on_cpu": not cuda_visible(),
+        "methods": names,
+        "concurrency": concurrencies,
+    }
+    store = ResultStore(folder, config, meta)
+    prompts = load_prompts(args.dataset)
+    dataset = write_bench_dataset(prompts, folder / "workload.jsonl")
+    title = f"Concurrency sweep: {model_name(args.model_path)} on {meta['hardware']}"
+
+    # bench_serving takes ~15 s to import on a small CPU: overlap that with the first start-up.
+    threading.Thread(target=importlib.import_module, args=(BENCH_MODULE,), daemon=True).start()
+    total = len(methods) * len(concurrencies)
+    done = sum(store.has(m.name, c, m.setup()) for m in methods for c in concurrencies)
+    failed: list[str] = []
+    with tqdm(total=total, initial=done, unit="cell", file=sys.stderr) as progress:
+        if done:
+            progress.write(f"resuming {folder}: {done} of {total} cells already measured")
+        for method in methods:
+            missing = [c for c in concurrencies if not store.has(method.name, c, method.setup())]
+            if not missing:
+                continue
+            try:
+                first = prompts[0]["prompt"]
+                measure_method(method, missing, args, store, dataset, first, progress)
+            except Exception as error:  # one broken method must not lose the others
+                progress.write(f"[{method.name}] FAILED: {error}")
+                failed.append(method.name)
+            finally:
+                write_reports(store, names, title)
+    print(write_reports(store, names, title))
+    print(f"results: {folder}")
+    return folder, failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the sweep from the command line; non-zero exit when a method failed."""
+    # A plain SIGTERM unwinds like Ctrl-C, so every running server is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    _, failed = run_sweep(args)
+    if failed:
+        print(f"failed methods: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

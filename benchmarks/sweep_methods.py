@@ -1,0 +1,109 @@
+"""The methods a sweep compares: launcher arguments and environment of each; the CPU recipe."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# SGLang on a CPU needs these (an empty vllm._custom_ops module; DFLASH's GPU-only start-up
+# gate, record_stream and cache-location helper): the same stand-ins the server tests use.
+CPU_STANDINS = ROOT / "tests" / "sglang_standins"
+CPU_ENV = {"TRITON_INTERPRET": "1", "SGLANG_BASTION_TOPK": "4"}
+CPU_ARGS = [
+    "--device", "cpu",
+    "--dtype", "bfloat16",
+    "--disable-cuda-graph",
+    "--attention-backend", "bastion_cpu",
+    "--mem-fraction-static", "0.1",
+    "--max-total-tokens", "8192",
+    "--skip-server-warmup",
+    # SGLang folds its acceptance counters into /server_info only at each decode log
+    # interval (default 40 steps); a short CPU sweep needs every step counted.
+    "--decode-log-interval", "1",
+]  # fmt: skip
+PASSTHROUGH_ENV = ("SGLANG_BASTION_TOPK",)
+BASTION_PATTERN = re.compile(r"bastion-(\d+)")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One server configuration of a sweep: its name, launcher arguments and environment."""
+
+    name: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    algorithm: str = "NONE"  # SGLang's --speculative-algorithm, NONE without speculation
+
+    def setup(self) -> dict[str, object]:
+        """What makes this method's server: its own arguments and environment."""
+        return {"args": self.args, "env": self.env}
+
+
+def speculative_args(algorithm: str, drafter: Path, num_draft_tokens: int | None = None) -> list:
+    """Launcher arguments selecting ``algorithm`` with ``drafter`` (and N draft tokens)."""
+    args = ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(drafter)]
+    if num_draft_tokens is not None:
+        args += ["--speculative-num-draft-tokens", str(num_draft_tokens)]
+    return args
+
+
+def parse_methods(
+    names: list[str],
+    drafter: Path | None,
+    eagle_drafter: Path | None = None,
+    profile: Path | None = None,
+    adaptive_max_nodes: int | None = None,
+    adaptive_mode: str | None = None,
+) -> list[Method]:
+    """The methods named on the command line, in order; ValueError naming what is missing."""
+    fixed = [int(m.group(1)) for n in names if (m := BASTION_PATTERN.fullmatch(n))]
+    methods = []
+    for name in names:
+        if name == "none":
+            methods.append(Method(name))
+            continue
+        if name == "eagle3":
+            if eagle_drafter is None:
+                raise ValueError("method eagle3 needs --eagle-draft-model-path")
+            methods.append(Method(name, speculative_args("EAGLE3", eagle_drafter), {}, "EAGLE3"))
+            continue
+        if drafter is None:
+            raise ValueError(f"method {name} needs --draft-model-path")
+        if name == "dflash":
+            methods.append(Method(name, speculative_args("DFLASH", drafter), {}, "DFLASH"))
+        elif match := BASTION_PATTERN.fullmatch(name):
+            args = speculative_args("BASTION", drafter, int(match.group(1)))
+            methods.append(Method(name, args, {"SGLANG_BASTION_MODE": "fixed"}, "BASTION"))
+        elif name == "bastion-adaptive":
+            if profile is None:
+                raise ValueError("method bastion-adaptive needs --profile (a latency profile)")
+            n_max = adaptive_max_nodes or max(fixed, default=32)
+            # With a profile the worker's controller is adaptive (its default mode, or the
+            # one named: static, ema, ema_calib).
+            env = {"SGLANG_BASTION_PROFILE": str(profile)}
+            if adaptive_mode:
+                env["SGLANG_BASTION_MODE"] = adaptive_mode
+            args = speculative_args("BASTION", drafter, n_max)
+            methods.append(Method(name, args, env, "BASTION"))
+        else:
+            raise ValueError(
+                f"unknown method {name!r}: use none, dflash, eagle3, bastion-<N>, bastion-adaptive"
+            )
+    return methods
+
+
+def server_setup(
+    method: Method, user_args: list[str], on_cpu: bool
+) -> tuple[list[str], dict[str, str]]:
+    """Extra launcher arguments and environment for ``method`` (the CPU recipe on a CPU)."""
+    env = dict(method.env)
+    if not on_cpu:
+        return [*method.args, *user_args], env
+    env = {**CPU_ENV, **{k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}, **env}
+    path = [str(CPU_STANDINS), os.environ.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    env.setdefault("SGLANG_PLUGINS", "bastion")
+    return [*CPU_ARGS, *method.args, *user_args], env

@@ -1,0 +1,134 @@
+"""One SGLang server for a sweep: start on a free 127.0.0.1 port, wait for health, always stop."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import requests
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+LAUNCH_SERVER = (sys.executable, "-m", "sglang.launch_server")
+
+
+def launch_command(
+    model: Path, args: Sequence[str], port: int, launcher: Sequence[str] = LAUNCH_SERVER
+) -> list[str]:
+    """The launcher's command line (default ``python -m sglang.launch_server``)."""
+    return [
+        *launcher,
+        "--model-path", str(model),
+        "--host", "127.0.0.1", "--port", str(port),
+        *args,
+    ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def running_server(
+    model: Path,
+    args: Sequence[str],
+    env: dict[str, str],
+    log_path: Path,
+    timeout_s: float = 600.0,
+    launcher: Sequence[str] = LAUNCH_SERVER,
+) -> Iterator[str]:
+    """A healthy server's base URL; its whole process group is stopped on exit, whatever happens."""
+    port = free_port()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log:
+        # A new session: the launcher's scheduler and detokenizer children share its group.
+        proc = subprocess.Popen(
+            launch_command(model, args, port, launcher),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log_path, timeout_s)
+        yield url
+    finally:
+        stop_group(proc)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
+    """Block until ``url`` answers /health, or raise with the tail of the server log."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_tail(log_path)}")
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        time.sleep(1.0)
+    raise TimeoutError(f"server not healthy after {timeout_s:.0f} s:\n{log_tail(log_path)}")
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` still exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM the server's process group, SIGKILL what is left after ``grace_s``; reap it."""
+    pgid = proc.pid  # start_new_session: the launcher leads its own group
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while group_alive(pgid) and time.monotonic() < deadline:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last lines of a log file."""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def server_info(url: str) -> dict:
+    """The server's /server_info reply: its arguments and ``internal_states``."""
+    reply = requests.get(f"{url}/server_info", timeout=60)
+    reply.raise_for_status()
+    return reply.json()
+
+
+def reset_acceptance(url: str, info: dict) -> None:
+    """Zero SGLang's cumulative acceptance counters (``avg_spec_accept_length`` restarts).
+
+    SGLang restarts those counters whenever an accept threshold is set; setting it to the
+    value it already has changes nothing else.
+    """
+    value = info.get("speculative_accept_threshold_single", 1.0)
+    body = {"server_args": {"speculative_accept_threshold_single": value}}
+    requests.post(f"{url}/set_internal_state", json=body, timeout=60).raise_for_status()
+
+
+def warm_up(url: str, prompt: str, max_tokens: int = 8) -> None:
+    """One short greedy request, so first-call costs stay out of the measurement."""
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0}}
+    requests.post(f"{url}/generate", json=body, timeout=600).raise_for_status()

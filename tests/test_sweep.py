@@ -1,0 +1,281 @@
+"""The concurrency sweep's parts: methods, CPU recipe, cell numbers, results folder, servers."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+from sweep_bench import bench_argv, jsonl_prompts, parse_bench_args, write_bench_dataset  # noqa: E402
+from sweep_methods import CPU_STANDINS, parse_methods, server_setup  # noqa: E402
+from sweep_metrics import cell_metrics  # noqa: E402
+from sweep_report import ResultStore, folder_name, write_reports  # noqa: E402
+from sweep_server import group_alive, running_server, stop_group  # noqa: E402
+
+DRAFTER = Path("/models/drafter")
+
+
+def option(args: list[str], flag: str) -> str:
+    """The value following ``flag`` in a launcher command line."""
+    return args[args.index(flag) + 1]
+
+
+def bench_result(**overrides: float) -> dict:
+    """A bench_serving result dict with every key a cell reads."""
+    result = {
+        "output_throughput": 100.0, "request_throughput": 2.0, "completed": 8,
+        "total_output_tokens": 512, "duration": 4.0, "accept_length": 2.5,
+        "mean_ttft_ms": 10.0, "median_ttft_ms": 9.0, "p99_ttft_ms": 20.0,
+        "mean_itl_ms": 5.0, "median_itl_ms": 4.0, "p99_itl_ms": 8.0,
+    }  # fmt: skip
+    return result | overrides
+
+
+def info(bastion: dict | None = None, num_draft_tokens: int | None = 16) -> dict:
+    """A /server_info reply with the scheduler state the sweep reads."""
+    state = {} if bastion is None else {"bastion": bastion}
+    return {"speculative_num_draft_tokens": num_draft_tokens, "internal_states": [state]}
+
+
+def test_bastion_fixed_methods_set_their_tree_size_and_fixed_mode() -> None:
+    (method,) = parse_methods(["bastion-32"], DRAFTER)
+    assert option(method.args, "--speculative-algorithm") == "BASTION"
+    assert option(method.args, "--speculative-num-draft-tokens") == "32"
+    assert option(method.args, "--speculative-draft-model-path") == str(DRAFTER)
+    assert method.env == {"SGLANG_BASTION_MODE": "fixed"}
+
+
+def test_adaptive_method_points_the_worker_at_the_profile_with_the_largest_fixed_n() -> None:
+    methods = parse_methods(
+        ["bastion-16", "bastion-64", "bastion-adaptive"], DRAFTER, None, Path("p.json")
+    )
+    adaptive = methods[-1]
+    assert adaptive.env == {"SGLANG_BASTION_PROFILE": "p.json"}  # the worker's adaptive default
+    assert option(adaptive.args, "--speculative-num-draft-tokens") == "64"
+
+
+def test_adaptive_method_may_name_the_controller_mode() -> None:
+    (adaptive,) = parse_methods(["bastion-adaptive"], DRAFTER, None, Path("p.json"), None, "ema")
+    assert adaptive.env["SGLANG_BASTION_MODE"] == "ema"
+
+
+def test_dflash_and_none_use_sglang_own_settings() -> None:
+    none, dflash = parse_methods(["none", "dflash"], DRAFTER)
+    assert none.args == [] and none.algorithm == "NONE"
+    assert option(dflash.args, "--speculative-algorithm") == "DFLASH"
+    assert "--speculative-num-draft-tokens" not in dflash.args  # the drafter's block size
+
+
+@pytest.mark.parametrize(
+    ("names", "missing"),
+    [(["bastion-adaptive"], "--profile"), (["eagle3"], "--eagle-draft-model-path"),
+     (["dflash-ish"], "unknown method")],
+)  # fmt: skip
+def test_methods_that_cannot_run_are_refused_naming_the_fix(names: list, missing: str) -> None:
+    with pytest.raises(ValueError, match=missing):
+        parse_methods(names, DRAFTER)
+
+
+def test_on_cpu_every_method_gets_the_same_cpu_recipe() -> None:
+    for method in parse_methods(["none", "dflash", "bastion-16"], DRAFTER):
+        args, env = server_setup(method, ["--random-seed", "1"], on_cpu=True)
+        assert option(args, "--attention-backend") == "bastion_cpu"
+        assert option(args, "--device") == "cpu"
+        assert env["TRITON_INTERPRET"] == "1"
+        assert str(CPU_STANDINS) in env["PYTHONPATH"]
+        assert args[-2:] == ["--random-seed", "1"]
+
+
+def test_on_gpu_only_the_users_arguments_are_added() -> None:
+    (method,) = parse_methods(["bastion-16"], DRAFTER)
+    args, env = server_setup(method, ["--attention-backend", "flashinfer"], on_cpu=False)
+    assert args == [*method.args, "--attention-backend", "flashinfer"]
+    assert env == method.env
+
+
+def test_bastion_cells_take_acceptance_and_tree_size_from_counter_deltas() -> None:
+    before = info({"request_steps": 10, "tree_nodes": 100, "accepted_tokens": 20})
+    after = info({"request_steps": 30, "tree_nodes": 340, "accepted_tokens": 80})
+    cell = cell_metrics("bastion-16", "BASTION", 4, bench_result(), before, after)
+    assert cell["accept_len"] == pytest.approx(60 / 20)
+    assert cell["tree_size"] == pytest.approx(240 / 20)
+    assert cell["accept_source"] == cell["tree_source"] == "bastion counters"
+
+
+def test_without_bastion_counters_cells_fall_back_to_sglang_reporting() -> None:
+    cell = cell_metrics("dflash", "DFLASH", 1, bench_result(accept_length=3.25), info(), info())
+    assert cell["accept_len"] == 3.25 and cell["accept_source"] == "sglang avg_spec_accept_length"
+    assert cell["tree_size"] == 16.0 and cell["tree_source"] == "block size"
+
+
+def test_no_speculation_cells_accept_one_token_per_step_of_one_node() -> None:
+    cell = cell_metrics("none", "NONE", 1, bench_result(accept_length=None), info(), info())
+    assert (cell["accept_len"], cell["tree_size"]) == (1.0, 1.0)
+
+
+def test_cells_carry_throughput_and_latency_percentiles_from_bench_serving() -> None:
+    cell = cell_metrics("none", "NONE", 16, bench_result(), info(), info())
+    assert cell["output_tok_s"] == 100.0 and cell["request_s"] == 2.0
+    assert (cell["ttft_mean_ms"], cell["ttft_p50_ms"], cell["ttft_p99_ms"]) == (10.0, 9.0, 20.0)
+    assert (cell["itl_mean_ms"], cell["itl_p50_ms"], cell["itl_p99_ms"]) == (5.0, 4.0, 8.0)
+
+
+def test_without_a_profile_the_default_methods_leave_adaptive_out() -> None:
+    import sweep
+
+    args = sweep.parse_args(["--model-path", "t", "--draft-model-path", "d"])
+    assert args.methods == "none,dflash,bastion-16,bastion-32"
+    with_profile = sweep.parse_args(["--model-path", "t", "--profile", "p.json"])
+    assert with_profile.methods.endswith(",bastion-adaptive")
+
+
+def test_arguments_after_a_double_dash_go_to_every_server() -> None:
+    import sweep
+
+    args = sweep.parse_args(["--model-path", "t", "--", "--tp-size", "1", "--quick"])
+    assert args.extra == ["--tp-size", "1", "--quick"] and not args.quick
+
+
+def test_results_folder_is_named_by_date_hardware_and_model() -> None:
+    name = folder_name("H100 SXM", "training/pair/target", dt.date(2026, 1, 2))
+    assert name == "2026-01-02_H100-SXM_pair-target"
+    assert folder_name("cpu2", "Qwen/Qwen3-8B", dt.date(2026, 1, 2)).endswith("_Qwen3-8B")
+
+
+CONFIG = {
+    "model": "t", "drafter": "d", "dataset": "humaneval", "num_prompts": None,
+    "num_prompts_text": "max(8, 2C)", "output_len": 64, "temperature": 0.0, "extra": [],
+}  # fmt: skip
+
+
+def test_a_saved_folder_resumes_with_its_measured_cells(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path, CONFIG, {})
+    store.add(cell_metrics("none", "NONE", 1, bench_result(), info(), info()))
+    again = ResultStore(tmp_path, CONFIG, {})
+    assert again.has("none", 1) and not again.has("none", 4)
+
+
+def test_a_cell_measured_with_another_server_setup_is_measured_again(tmp_path: Path) -> None:
+    (old,) = parse_methods(["bastion-adaptive"], DRAFTER, None, Path("old.json"))
+    (new,) = parse_methods(["bastion-adaptive"], DRAFTER, None, Path("new.json"))
+    store = ResultStore(tmp_path, CONFIG, {})
+    cell = cell_metrics(old.name, "BASTION", 1, bench_result(), info(), info())
+    store.add(cell | {"server": old.setup()})
+    assert store.has(old.name, 1, old.setup()) and not store.has(new.name, 1, new.setup())
+    store.add(cell | {"server": new.setup()})
+    assert len(store.cells) == 1 and store.has(new.name, 1, new.setup())
+
+
+def test_a_folder_measured_with_other_settings_is_not_reused(tmp_path: Path) -> None:
+    ResultStore(tmp_path, CONFIG, {}).save()
+    with pytest.raises(ValueError, match="output_len"):
+        ResultStore(tmp_path, CONFIG | {"output_len": 128}, {})
+
+
+def test_reports_hold_every_cell_with_speedup_over_no_speculation(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path, CONFIG, {"hardware": "cpu2"})
+    for method, algorithm, tok_s in [("none", "NONE", 50.0), ("bastion-16", "BASTION", 80.0)]:
+        for concurrency in (1, 4):
+            result = bench_result(output_throughput=tok_s * concurrency)
+            store.add(cell_metrics(method, algorithm, concurrency, result, info(), info()))
+    text = write_reports(store, ["none", "bastion-16"], "test sweep")
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert [(r["method"], r["concurrency"]) for r in rows] == [
+        ("none", "1"),
+        ("none", "4"),
+        ("bastion-16", "1"),
+        ("bastion-16", "4"),
+    ]
+    assert [float(r["speedup"]) for r in rows] == pytest.approx([1, 1, 1.6, 1.6])
+    assert text.count("| bastion-16 |") == 2 and (tmp_path / "sweep.md").read_text() == text
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+    assert len(json.loads((tmp_path / "sweep.json").read_text())["cells"]) == 4
+
+
+def test_prompt_files_may_hold_prompts_texts_or_conversations(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    conversation = [{"role": "user", "content": "d"}, {"role": "x", "value": "e"}]
+    lines = [{"prompt": "a", "completion": "b"}, {"text": "c"}, {"conversations": conversation}]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    assert jsonl_prompts(path) == [
+        {"prompt": "a", "completion": "b"}, {"prompt": "c", "completion": ""},
+        {"prompt": "d", "completion": "e"},
+    ]  # fmt: skip
+
+
+def test_the_bench_dataset_is_two_turn_conversations(tmp_path: Path) -> None:
+    path = write_bench_dataset([{"prompt": "def f():", "completion": ""}], tmp_path / "w.jsonl")
+    turns = json.loads(path.read_text())["conversations"]
+    assert turns[0]["content"] == "def f():" and len(turns) == 2
+
+
+@pytest.mark.slow
+def test_bench_serving_reads_the_sweeps_command_line_as_meant(tmp_path: Path) -> None:
+    argv = bench_argv(
+        "http://127.0.0.1:1", "tok", tmp_path / "w.jsonl", 12, 48, 4, 0.5, tmp_path / "r.jsonl"
+    )
+    args = parse_bench_args(argv)  # SGLang's own parser and defaults (~15 s to import)
+    assert (args.dataset_name, args.num_prompts, args.max_concurrency) == ("custom", 12, 4)
+    assert (args.sharegpt_output_len, args.temperature) == (48, 0.5)
+    assert args.warmup_requests == 0 and args.flush_cache and not args.disable_ignore_eos
+
+
+# A stand-in server: answers /health and, like SGLang's launcher, has a child process.
+FAKE_SERVER = textwrap.dedent(
+    """
+    import http.server, subprocess, sys
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers()
+        def log_message(self, *args):
+            pass
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+    """
+)
+
+
+def test_a_server_and_its_children_are_stopped_when_the_measurement_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sweep_server
+
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    launched: list[subprocess.Popen] = []
+    real_popen = subprocess.Popen
+
+    def popen(command, **kwargs):
+        proc = real_popen(
+            [sys.executable, str(script), *command[command.index("--port") :]], **kwargs
+        )
+        launched.append(proc)
+        return proc
+
+    monkeypatch.setattr(sweep_server.subprocess, "Popen", popen)
+    with (
+        pytest.raises(RuntimeError, match="measurement failed"),
+        running_server(Path("m"), [], {}, tmp_path / "server.log", timeout_s=30),
+    ):
+        time.sleep(0.5)  # let the child start
+        raise RuntimeError("measurement failed")
+    assert not group_alive(launched[0].pid)
+
+
+def test_stopping_kills_a_group_that_ignores_sigterm(tmp_path: Path) -> None:
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    time.sleep(0.5)
+    stop_group(proc, grace_s=0.5)
+    assert not group_alive(proc.pid)
