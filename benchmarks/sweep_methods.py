@@ -11,7 +11,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # SGLang on a CPU needs these (an empty vllm._custom_ops module; DFLASH's GPU-only start-up
 # gate, record_stream and cache-location helper): the same stand-ins the server tests use.
 CPU_STANDINS = ROOT / "tests" / "sglang_standins"
-CPU_ENV = {"TRITON_INTERPRET": "1", "SGLANG_BASTION_TOPK": "4"}
+# One OpenMP thread per server: on two shared cores, two threads stall at every parallel
+# region whenever another process runs (and the shipped CPU profile was measured so).
+CPU_ENV = {"TRITON_INTERPRET": "1", "SGLANG_BASTION_TOPK": "4", "OMP_NUM_THREADS": "1"}
 CPU_ARGS = [
     "--device", "cpu",
     "--dtype", "bfloat16",
@@ -24,7 +26,7 @@ CPU_ARGS = [
     # interval (default 40 steps); a short CPU sweep needs every step counted.
     "--decode-log-interval", "1",
 ]  # fmt: skip
-PASSTHROUGH_ENV = ("SGLANG_BASTION_TOPK",)
+PASSTHROUGH_ENV = ("SGLANG_BASTION_TOPK", "OMP_NUM_THREADS")
 BASTION_PATTERN = re.compile(r"bastion-(\d+)")
 
 
