@@ -7,7 +7,7 @@ import torch
 from helpers import random_marginals
 
 from sglang_bastion.budget import Calibration, Hardware, LatencyModel, ModelShape
-from sglang_bastion.budget.live import LiveBudget
+from sglang_bastion.budget.live import LiveBudget, width_ladder
 from sglang_bastion.tree import build_trees
 
 SHAPE = ModelShape.from_hf_config(
@@ -58,9 +58,10 @@ def test_uniform_layout_gives_every_request_the_width():
     assert decision.sizes.tolist() == [decision.width] * 8
 
 
-def test_ragged_width_is_the_largest_per_request_size():
+def test_ragged_width_is_the_smallest_ladder_width_holding_every_request():
     decision = LiveBudget("static", 64, "ragged", model()).decide(trees(8), torch.full((8,), 64))
-    assert decision.width == int(decision.sizes.max())
+    largest = int(decision.sizes.max())
+    assert decision.width == min(w for w in width_ladder(64) if w >= largest)
 
 
 def test_prediction_is_the_latency_model_at_the_chosen_width():
@@ -101,3 +102,22 @@ def test_prices_are_those_of_the_nearest_context_bucket():
     assert not torch.equal(budget.cost_vector_ms(4, 1000.0), budget.cost_vector_ms(4, 1100.0))
     expected = model().cycle_ms(4, torch.arange(1, 65, dtype=torch.float64), 1008.0)
     assert torch.allclose(budget.cost_vector_ms(4, 1007.0), expected)
+
+
+def test_the_width_ladder_is_short_and_ends_at_n():
+    assert width_ladder(64) == (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+    assert width_ladder(10) == (1, 2, 4, 8, 10) and width_ladder(1) == (1,)
+
+
+@pytest.mark.parametrize("layout", ["uniform", "ragged"])
+def test_adaptive_widths_come_from_the_ladder(layout):
+    budget = LiveBudget("static", 64, layout, model())
+    for batch in (1, 3, 16, 64, 200):
+        decision = budget.decide(trees(batch), torch.full((batch,), 700))
+        assert decision.width in width_ladder(64)
+        assert int(decision.sizes.max()) <= decision.width
+
+
+def test_widths_outside_the_tree_budget_are_refused():
+    with pytest.raises(ValueError, match="widths must lie in"):
+        LiveBudget("static", 16, model=model(), widths=(4, 32))

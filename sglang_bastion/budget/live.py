@@ -13,6 +13,10 @@ target pass). Modes:
     (controller.per_request_sizes), and W is the largest of those sizes (the verify pass
     pads the others).
   The ema modes scale the verify prediction by gamma, updated from observed verify times.
+
+The adaptive widths come from a short ladder (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... and N):
+every distinct pass shape costs once (kernel primitives built on first use on CPU, one CUDA
+graph per width on GPU), and a width that changes every step would keep paying that.
 """
 
 from __future__ import annotations
@@ -24,6 +28,15 @@ import torch
 from sglang_bastion.budget.latency import LatencyModel, ema_update
 from sglang_bastion.controller import fixed_sizes, per_request_sizes, uniform_width
 from sglang_bastion.tree.batch import TreeBatch
+
+
+def width_ladder(max_nodes: int) -> tuple[int, ...]:
+    """The verify widths an adaptive controller may pick: 1, 2, 4, then steps of ~1.5x, and N."""
+    ladder, width = [1, 2, 4], 8
+    while width < max_nodes:
+        ladder += [width, width * 3 // 2]
+        width *= 2
+    return tuple(sorted({w for w in ladder if w < max_nodes} | {max_nodes}))
 
 
 @dataclass(frozen=True)
@@ -48,12 +61,16 @@ class LiveBudget:
     gamma: float = 1.0
     observed_steps: int = field(default=0)
     context_bucket: int = 16  # mean contexts are priced at the nearest multiple of this
+    widths: tuple[int, ...] = ()  # allowed verify widths; () means width_ladder(max_nodes)
     _verify_cache: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        """Refuse an adaptive mode without a latency model."""
+        """Refuse an adaptive mode without a latency model; settle the width ladder."""
         if self.mode != "fixed" and self.model is None:
             raise ValueError(f"controller mode {self.mode!r} needs a latency model (a profile)")
+        self.widths = tuple(sorted(set(self.widths))) or width_ladder(self.max_nodes)
+        if self.widths[0] < 1 or self.widths[-1] > self.max_nodes:
+            raise ValueError(f"widths must lie in [1, {self.max_nodes}], got {self.widths}")
 
     def decide(self, trees: TreeBatch, context_lens: torch.Tensor) -> Decision:
         """Sizes and width for this step's trees at the batch's size and contexts."""
@@ -65,9 +82,10 @@ class LiveBudget:
         cost = self.cost_vector_ms(batch, context)
         if self.layout == "ragged":
             sizes = per_request_sizes(trees, cost, self.model.ar_ms(batch))
-            width = int(sizes.max())
+            largest = int(sizes.max())
+            width = next((w for w in self.widths if w >= largest), self.widths[-1])
         else:
-            width = int(uniform_width(trees, cost))
+            width = int(uniform_width(trees, cost, self.widths))
             sizes = trees.num_nodes.clamp(max=width)
         cycle = float(cost[width - 1])
         return Decision(sizes, width, cycle - self.model.aux_ms(batch), cycle)
