@@ -11,8 +11,12 @@ Ctrl-C, of the rounds it got.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -64,10 +68,47 @@ class Measurements:
         return [(batch, sum(v) / len(v)) for batch, v in sorted(per_batch.items())]
 
 
+class _Interrupted(Exception):
+    """Ctrl-C arrived: stop after the pass under way."""
+
+
+@contextlib.contextmanager
+def _stop_on_ctrl_c() -> Iterator[threading.Event]:
+    """An event set by the first Ctrl-C (a second one raises KeyboardInterrupt as usual).
+
+    The first Ctrl-C only asks the grid to stop between passes, so it never lands inside
+    SGLang or torch, where an exception could leave the runners half-way or be swallowed.
+    """
+    event = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield event
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        del signum, frame
+        if event.is_set():
+            raise KeyboardInterrupt
+        event.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield event
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def measure(
     runtime: Runtime, grid: Grid, *, statistic: str = "median", progress: bool = True
 ) -> Measurements:
     """Time the grid on ``runtime``; on Ctrl-C stop and return what was measured so far."""
+    with _stop_on_ctrl_c() as stop:
+        return _measure(runtime, grid, statistic, progress, stop)
+
+
+def _measure(
+    runtime: Runtime, grid: Grid, statistic: str, progress: bool, stop: threading.Event
+) -> Measurements:
+    """`measure`, stopping between passes once ``stop`` is set."""
     result = Measurements(statistic=statistic)
     per_setup = len(grid.tokens) + 1
     bar = tqdm(
@@ -96,11 +137,11 @@ def measure(
                     continue
                 try:
                     warmup = grid.warmup if round_ == 0 else 0
-                    _time_setup(shapes, grid.tokens, warmup, result, bar)
+                    _time_setup(shapes, grid.tokens, warmup, result, bar, stop)
                 finally:
                     shapes.release()
             result.rounds = round_ + 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Interrupted):
         result.interrupted = True
     finally:
         bar.close()
@@ -108,14 +149,23 @@ def measure(
 
 
 def _time_setup(
-    shapes: StepShapes, widths: tuple[int, ...], warmup: int, result: Measurements, bar: tqdm
+    shapes: StepShapes,
+    widths: tuple[int, ...],
+    warmup: int,
+    result: Measurements,
+    bar: tqdm,
+    stop: threading.Event,
 ) -> None:
     """L_AR, then one BASTION step per verify width (its verify and the rest, T_aux)."""
     device, batch, context = shapes.runtime.device, shapes.batch_size, shapes.context_len
     with torch.inference_mode():
+        if stop.is_set():
+            raise _Interrupted
         result.ar[batch, context].append(timed_ms(shapes.decode_pass(), device, warmup=warmup))
         bar.update()
         for tokens in widths:
+            if stop.is_set():
+                raise _Interrupted
             for _ in range(warmup):
                 shapes.step(tokens)
             width, cycle_ms, verify_ms = shapes.step(tokens)
