@@ -152,7 +152,8 @@ class BastionWorker(DFlashWorkerV2):
         trees = trees.truncate(decision.sizes).narrow(decision.width)
         width = decision.width
         verify = verify_inputs(trees, prefix, prefix_cpu)
-        timed = self.budget.needs_timing or self.trace is not None or logger.isEnabledFor(logging.DEBUG)
+        debug = logger.isEnabledFor(logging.DEBUG)
+        timed = self.budget.needs_timing or self.trace is not None or debug
         verify_start = self._now(timed)
         logits_output, hidden = self._verify(batch, verify, window[:, :width], prefix_cpu, width)
         target_tokens = self._target_tokens(batch, logits_output.next_token_logits, bs, width)
