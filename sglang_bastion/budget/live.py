@@ -4,7 +4,7 @@ Each step the worker hands over the batch's trees and context lengths and gets b
 nodes every request verifies and the verify width W (the padded tokens per request of the one
 target pass). Modes:
 
-- ``fixed``: every request verifies min(N, its tree) nodes; W = N.
+- ``fixed``: every request verifies min(N, its tree) nodes; W = N, known without a host sync.
 - ``static`` / ``ema`` / ``ema_calib``: the latency model (budget/latency.py) prices a cycle
   with 1..N tokens per request at the batch's current size and mean context, then
   - layout ``uniform``: one width W for the batch maximising sum_r A_hat_r(W) / C(W)
@@ -76,7 +76,8 @@ class LiveBudget:
         """Sizes and width for this step's trees at the batch's size and contexts."""
         if self.mode == "fixed":
             sizes = fixed_sizes(trees, self.max_nodes)
-            return Decision(sizes, int(sizes.max()), None, None)
+            # The width is static (no host sync): slots past a smaller tree are padding.
+            return Decision(sizes, min(self.max_nodes, trees.max_nodes), None, None)
         batch = trees.batch_size
         context = float(context_lens.float().mean())
         cost = self.cost_vector_ms(batch, context)
