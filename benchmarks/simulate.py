@@ -13,6 +13,13 @@ controller in static / ema / ema_calib mode with uniform or ragged sizes) and pr
 with the latency model: expected throughput = sum of accepted tokens / sum of predicted cycle
 times, reported per effective batch size beside the oracle (the best fixed N in hindsight).
 
+A server also spends time between decode steps (scheduling, prefill of arriving requests,
+output processing; on a small CPU the tokenizer, detokenizer and HTTP share the cores). The
+trace's step start times measure that time: each step's gap is the next step's start minus
+this step's end (gaps over ``--idle-gap-s`` are the server waiting for clients and are left
+out). Expected *server* throughput adds each step's recorded gap to the policy's predicted
+cycle: the gap is taken as the same whatever tree the policy chose.
+
 Replaying the policy that produced the trace must give its recorded acceptance exactly; the
 report says whether it does. Steps are priced one at a time with the batch as recorded (a
 policy that finishes requests sooner would change later batches: not modelled). Sampled
@@ -52,9 +59,11 @@ class Step:
     recorded_accept: torch.Tensor  # [b] emitted tokens (accepted drafts + bonus)
     recorded_width: int
     cycle_ms: float | None
+    gap_ms: float | None  # server time from this step's end to the next step's start
+    budget: torch.Tensor  # [b] tokens each request could still emit (a huge number if unknown)
 
 
-def load_steps(paths: list[Path]) -> tuple[dict, list[Step]]:
+def load_steps(paths: list[Path], idle_gap_s: float = 1.0) -> tuple[dict, list[Step]]:
     """(first header, greedy steps) of the traces, with every request's continuation."""
     header, records = None, []
     for path in paths:
@@ -69,14 +78,30 @@ def load_steps(paths: list[Path]) -> tuple[dict, list[Step]]:
             offsets.append([len(streams[r]) for r in record["rids"]])
             for rid, emitted in zip(record["rids"], record["emitted"], strict=True):
                 streams[rid] += emitted
-        for record, offset in zip(steps, offsets, strict=True):
-            step = _step(record, offset, streams)
+        gaps = step_gaps(steps, idle_gap_s)
+        for record, offset, gap in zip(steps, offsets, gaps, strict=True):
+            step = _step(record, offset, streams, gap)
             if step is not None:
                 steps_out.append(step)
     return header, steps_out
 
 
-def _step(record: dict, offset: list[int], streams: dict[str, list[int]]) -> Step | None:
+def step_gaps(records: list[dict], idle_gap_s: float) -> list[float | None]:
+    """Per step record, ms from its end to the next step's start (None: unknown or idle)."""
+    gaps: list[float | None] = []
+    for record, following in zip(records, [*records[1:], None], strict=True):
+        start, cycle = record.get("started_s"), record.get("cycle_ms")
+        if following is None or None in (start, cycle, following.get("started_s")):
+            gaps.append(None)
+            continue
+        gap_s = following["started_s"] - start - cycle / 1e3
+        gaps.append(gap_s * 1e3 if 0 <= gap_s <= idle_gap_s else None)
+    return gaps
+
+
+def _step(
+    record: dict, offset: list[int], streams: dict[str, list[int]], gap_ms: float | None = None
+) -> Step | None:
     """The greedy part of one step record (None when it has no greedy request)."""
     keep = [i for i, t in enumerate(record["temperatures"]) if t == 0.0]
     if not keep:
@@ -103,7 +128,16 @@ def _step(record: dict, offset: list[int], streams: dict[str, list[int]]) -> Ste
         recorded_accept=torch.tensor([len(record["emitted"][i]) for i in keep]),
         recorded_width=int(record["width"]),
         cycle_ms=record.get("cycle_ms"),
+        gap_ms=gap_ms,
+        budget=torch.tensor([_budget(record, i) for i in keep]),
     )
+
+
+def _budget(record: dict, i: int) -> int:
+    """Tokens request ``i`` of a step record could still emit (older traces: no limit)."""
+    budgets = record.get("budgets")
+    value = budgets[i] if budgets else None
+    return 2**31 if value is None else value
 
 
 def accepted_lengths(trees: TreeBatch, vocab: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
@@ -146,9 +180,14 @@ def latency_model(args: argparse.Namespace) -> LatencyModel:
 
 
 def simulate(
-    steps: list[Step], header: dict, model: LatencyModel, sizes: list[int], modes: list[str]
-) -> tuple[list[dict], dict]:
-    """Rows per (policy, batch size) and the exactness check of the producing policy."""
+    steps: list[Step], header: dict, model: LatencyModel, sizes: list[int], modes: list[str],
+    cycle_scale: float = 1.0,
+) -> tuple[list[dict], dict]:  # fmt: skip
+    """Rows per (policy, batch size) and the exactness check of the producing policy.
+
+    ``cycle_scale`` multiplies every predicted cycle: the observed / predicted ratio of a
+    server's steps (what the EMA modes learn online), e.g. from another trace's report.
+    """
     top_k, n_max = int(header["top_k"]), int(header["max_nodes"])
     policies = {f"fixed N={n}": LiveBudget("fixed", n) for n in sizes if n <= n_max}
     for mode in modes:
@@ -156,32 +195,47 @@ def simulate(
             policies[f"{mode} {layout}"] = LiveBudget(mode, n_max, layout, model)
     produced = header["controller"]
     check = {"policy": f"{produced['mode']} (N={produced['max_nodes']})", "steps": 0, "equal": 0}
-    spent = [0.0, 0.0, 0.0]  # recorded tokens, predicted ms, recorded ms (the producing policy)
+    # The producing policy: recorded tokens, predicted ms, recorded ms; then over the steps
+    # whose gap is known: tokens, predicted ms + gap, recorded ms + gap.
+    spent = [0.0] * 6
     recorder = producing_policy(produced, model)
     totals: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    server: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # policy: tokens, ms
     for step in steps:
+        share = len(step.roots) / step.batch_size  # the greedy requests' part of the step
+        context = float(step.context_lens.float().mean())
         if recorder is not None:
             got, _, _ = replay(step, top_k, recorder)
             check["steps"] += 1
             check["equal"] += int(torch.equal(got, step.recorded_accept))
-            share = len(got) / step.batch_size  # the greedy requests' part of the step
-            context = float(step.context_lens.float().mean())
-            spent[0] += float(step.recorded_accept.sum())
-            spent[1] += float(model.cycle_ms(step.batch_size, step.recorded_width, context)) * share
+            width = step.recorded_width
+            predicted = float(model.cycle_ms(step.batch_size, width, context)) * cycle_scale
+            tokens = float(step.recorded_accept.clamp(max=step.budget).sum())  # what was kept
+            spent[0] += tokens
+            spent[1] += predicted * share
             spent[2] += (step.cycle_ms or 0.0) * share
+            if step.gap_ms is not None and step.cycle_ms is not None:
+                spent[3] += tokens
+                spent[4] += (predicted + step.gap_ms) * share
+                spent[5] += (step.cycle_ms + step.gap_ms) * share
         for name, policy in policies.items():
             accept, width, _ = replay(step, top_k, policy)
-            cycle = float(
-                model.cycle_ms(step.batch_size, width, float(step.context_lens.float().mean()))
-            )
+            cycle = float(model.cycle_ms(step.batch_size, width, context)) * cycle_scale
             cell = totals[(name, step.batch_size)]
             cell[0] += float(accept.sum())  # tokens
-            cell[1] += cycle * len(accept) / step.batch_size  # this step's share of the cycle
+            cell[1] += cycle * share  # this step's share of the cycle
             cell[2] += len(accept)  # request-steps
             cell[3] += width * len(accept)
+            if step.gap_ms is not None:
+                server[name][0] += float(accept.clamp(max=step.budget).sum())  # what is kept
+                server[name][1] += (cycle + step.gap_ms) * share
     if spent[1] and spent[2]:
         check["predicted_tok_s"] = 1e3 * spent[0] / spent[1]
         check["recorded_tok_s"] = 1e3 * spent[0] / spent[2]  # from the worker's step times
+    if spent[4] and spent[5]:
+        check["predicted_server_tok_s"] = 1e3 * spent[3] / spent[4]
+        check["recorded_server_tok_s"] = 1e3 * spent[3] / spent[5]  # the trace's own clock
+    check["server_tok_s"] = {name: 1e3 * t / ms for name, (t, ms) in server.items() if ms}
     rows = []
     for (name, batch), (tokens, ms, count, nodes) in sorted(
         totals.items(), key=lambda kv: (kv[0][1], kv[0][0])
@@ -221,8 +275,15 @@ def throughput_line(check: dict, measured_tok_s: float | None) -> str:
         f"worker step times {check['recorded_tok_s']:.1f} tok/s "
         f"(predicted/recorded {check['predicted_tok_s'] / check['recorded_tok_s']:.3f})"
     )
+    if "predicted_server_tok_s" in check:
+        line += (
+            f"; with the recorded gaps between steps, predicted server throughput "
+            f"{check['predicted_server_tok_s']:.1f} tok/s (the trace's own clock: "
+            f"{check['recorded_server_tok_s']:.1f})"
+        )
     if measured_tok_s:
-        ratio = check["predicted_tok_s"] / measured_tok_s
+        predicted = check.get("predicted_server_tok_s", check["predicted_tok_s"])
+        ratio = predicted / measured_tok_s
         line += f", server output {measured_tok_s:.1f} tok/s (predicted/measured {ratio:.3f})"
     return line + "."
 
@@ -263,6 +324,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
     parser.add_argument("--modes", nargs="+", default=["static", "ema", "ema_calib"])
     parser.add_argument("--measured-tok-s", type=float, help="the server's measured output tok/s")
+    parser.add_argument(
+        "--cycle-scale", type=float, default=1.0,
+        help="multiply predicted cycles (a server's observed / predicted step time)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--idle-gap-s", type=float, default=1.0,
+        help="a gap between steps longer than this is the server idling, not overhead",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS / "simulate")
     return parser.parse_args()
 
@@ -272,17 +341,23 @@ def main() -> None:
     args = parse_args()
     if args.config is None:
         args.config = ROOT / "tests/data/qwen3-8b-config.json"
-    header, steps = load_steps(args.traces)
+    header, steps = load_steps(args.traces, args.idle_gap_s)
     model = latency_model(args)
     modes = (
         args.modes if args.profile else [m for m in args.modes if m != "ema_calib"] or ["static"]
     )
-    rows, check = simulate(steps, header, model, args.sizes, modes)
+    rows, check = simulate(steps, header, model, args.sizes, modes, args.cycle_scale)
+    check["cycle_scale"] = args.cycle_scale
     args.out.mkdir(parents=True, exist_ok=True)
     columns = ["batch", "policy", "request-steps", "accept_len", "mean width",
                "speedup vs AR", "vs oracle fixed", "oracle N"]  # fmt: skip
     table = markdown_table(rows, columns)
     print(table)
+    server_rows = [{"policy": name, "predicted server tok/s": tok_s}
+                   for name, tok_s in check["server_tok_s"].items()]  # fmt: skip
+    server_table = markdown_table(server_rows, ["policy", "predicted server tok/s"])
+    if server_rows:
+        print(server_table)
     throughput = throughput_line(check, args.measured_tok_s)
     print(f"exactness: replaying {check['policy']} reproduces {check['equal']}/{check['steps']} "
           f"recorded steps' acceptance. {throughput}")  # fmt: skip
@@ -297,6 +372,9 @@ def main() -> None:
           f"Exactness: replaying the producing policy ({check['policy']}) reproduces "
           f"{check['equal']} of {check['steps']} recorded steps' acceptance.", "",
           throughput, "", table, ""]  # fmt: skip
+    if server_rows:
+        md += ["Every policy's expected server throughput over the steps with a known gap:", "",
+               server_table, ""]  # fmt: skip
     (args.out / "simulate.md").write_text("\n".join(md))
     plot(rows, args.out / "simulate.png")
 

@@ -7,10 +7,12 @@ The KV contents are whatever the pools hold: the cost of a pass does not depend 
 What is timed is the worker's own code (sglang_bastion/worker.py), not a copy of it:
 
 - step(t): one whole BASTION decode step (``_tree_step``) with the worker's fixed budget set to
-  t nodes per request. Inside it the target's TARGET_VERIFY forward over the B trees with the
-  tree mask (``_verify``) is timed on its own: that is T_verify(B, t, c). The rest of the cycle
-  (the drafter's block pass and draft head, tree building, verify inputs, target tokens,
-  acceptance, KV moves, the draft KV write) is T_aux;
+  t nodes per request. Inside it, everything the step's cost owes to its trees
+  (``_verify_trees``: verify inputs, the target's TARGET_VERIFY forward over the B trees with
+  the tree mask, the target's tokens, acceptance, KV moves) is timed on its own: that is
+  T_verify(B, t, c), the span the worker itself times for its EMA. The rest of the cycle (the
+  drafter's block pass and draft head, tree building, the decision, the draft KV write) is
+  T_aux;
 - decode: one plain autoregressive target step (DECODE forward mode), L_AR.
 """
 
@@ -29,7 +31,7 @@ from sglang_bastion.calibration.timing import synchronize
 
 
 class VerifyClock:
-    """Times the worker's verify forward (``_verify``) while the context is open."""
+    """Times the worker's tree-dependent span (``_verify_trees``) while the context is open."""
 
     def __init__(self, worker: Any, device: torch.device) -> None:
         self.worker, self.device = worker, device
@@ -37,7 +39,7 @@ class VerifyClock:
         self.width = 0  # tokens per request the step verified (its last argument, W)
 
     def __enter__(self) -> VerifyClock:
-        original = type(self.worker)._verify
+        original = type(self.worker)._verify_trees
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             synchronize(self.device)
@@ -48,11 +50,11 @@ class VerifyClock:
             self.width = int(kwargs.get("width", args[-1] if args else 0))
             return out
 
-        self.worker._verify = timed  # shadows the method on this instance only
+        self.worker._verify_trees = timed  # shadows the method on this instance only
         return self
 
     def __exit__(self, *exc: object) -> None:
-        del self.worker._verify
+        del self.worker._verify_trees
 
 
 class StepShapes:
@@ -149,8 +151,8 @@ class StepShapes:
     def step(self, width: int) -> tuple[int, float, float]:
         """(verified width, cycle ms, verify ms) of one BASTION step of up to ``width`` nodes.
 
-        The worker's own step runs with its fixed budget set to ``width``; the verify forward
-        inside it is timed by ``VerifyClock``, the rest of the cycle is T_aux. The verified
+        The worker's own step runs with its fixed budget set to ``width``; its tree-dependent
+        span is timed by ``VerifyClock``, the rest of the cycle is T_aux. The verified
         width is smaller than asked when every tree is (e.g. a top-1 lattice is a chain).
         """
         self.worker.budget.max_nodes = width

@@ -25,7 +25,7 @@ def register() -> None:
     register_cpu_attention_backend()
     if _already_registered(SpeculativeAlgorithm):
         return
-    _register_server_info_hook()
+    _register_hooks()
     from sglang_bastion.spec_algo import BastionSpecAlgo, validate_server_args
 
     SpeculativeAlgorithm.register(
@@ -51,10 +51,12 @@ def _worker_factory(server_args: object) -> type:
     return BastionWorker
 
 
-def _register_server_info_hook() -> None:
-    """Show the worker's controller state in /server_info (SGLang's plugin hook registry)."""
+def _register_hooks() -> None:
+    """SGLang plugin hooks: the worker's state in /server_info; per-request refusals."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from sglang_bastion.serving import INTERNAL_STATE_HOOK, add_server_info
+    from sglang_bastion.spec_algo import REQUEST_CHECK_HOOK, refuse_unsupported_request
 
     HookRegistry.register(INTERNAL_STATE_HOOK, add_server_info, HookType.AFTER)
+    HookRegistry.register(REQUEST_CHECK_HOOK, refuse_unsupported_request, HookType.AFTER)

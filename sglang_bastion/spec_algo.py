@@ -207,3 +207,28 @@ def check_drafter_matches_target(target_path: str, drafter_path: str) -> None:
             f"drafter target_layer_ids {taps} tap layers {bad} that a {layers}-layer target "
             f"cannot provide (valid: 0..{layers - 2}); this drafter was built for another target"
         )
+
+
+REQUEST_CHECK_HOOK = "sglang.srt.speculative.dflash_utils.validate_dflash_request"
+
+
+def refuse_unsupported_request(
+    result: str | None, req: Any, *args: Any, **kwargs: Any
+) -> str | None:
+    """SGLang hook (after ``validate_dflash_request``): why BASTION cannot serve ``req``, if so.
+
+    The scheduler finishes such a request at once with this message (an HTTP 400); the other
+    requests in the batch never see it.
+    """
+    if result is not None:
+        return result
+    from sglang.srt.runtime_context import get_spec
+
+    if str(get_spec().speculative_algorithm).upper() != "BASTION":
+        return None
+    if getattr(req, "return_sampling_mask", False):
+        return (
+            "BASTION does not return sampling masks: send the request without "
+            "return_sampling_mask, or serve it with --speculative-algorithm DFLASH"
+        )
+    return None

@@ -4,7 +4,9 @@ With ``SGLANG_BASTION_TRACE=<file>`` the worker appends one JSON line per decode
 ``SGLANG_BASTION_TRACE_STEPS`` steps): the batch's request ids and context lengths, every
 request's top-K drafter marginals (ids and float32 probabilities, exactly as the builder saw
 them), the tree sizes and verify width chosen, the tokens each request emitted (accepted
-drafts then the bonus), and the step's timings. At temperature 0 the emitted tokens of a
+drafts then the bonus) and how many it could still emit (max_new_tokens less its output so
+far: the scheduler drops the rest), and the step's timings (its start on the server's
+monotonic clock, the verify span, the whole cycle). At temperature 0 the emitted tokens of a
 request's later steps are its committed continuation, which is what any other tree would
 have been checked against: ``benchmarks/simulate.py`` replays traces under other policies.
 """

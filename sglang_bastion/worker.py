@@ -12,6 +12,10 @@ and prefill it keeps, and replaces the decode step:
    processed distribution), ``accept_path`` walks the tree; the accepted path's target KV
    moves to the front of the request's window and its features go into the draft KV.
 
+Grammar-constrained requests get SGLang's vocabulary mask at every tree node (its grammar
+walked down the tree, as for EAGLE trees) before the target's tokens are drawn, and logprob
+requests get the logprobs of the emitted tokens, from the rows of their tree nodes.
+
 Slots the rejected nodes used stay in the request's reservation and are overwritten next
 step, as in SGLang's DFlash worker; the scheduler cuts outputs at EOS, stop strings and
 max_tokens and releases the rest when the request finishes.
@@ -24,6 +28,7 @@ import time
 from typing import Any
 
 import torch
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import (
@@ -47,6 +52,7 @@ from sglang.srt.speculative.draft_worker_common import (
     make_draft_input_v2,
 )
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
 from sglang_bastion.budget.live import Decision, LiveBudget
 from sglang_bastion.kernels import accept, build_trees_from_top_k, draft_head_topk, verify_inputs
@@ -151,19 +157,16 @@ class BastionWorker(DFlashWorkerV2):
         decision = self._decide(trees, batch_size=bs, context_lens=prefix_cpu)  # host copy: no sync
         trees = trees.truncate(decision.sizes).narrow(decision.width)
         width = decision.width
-        verify = verify_inputs(trees, prefix, prefix_cpu)
         debug = logger.isEnabledFor(logging.DEBUG)
         timed = self.budget.needs_timing or self.trace is not None or debug
         verify_start = self._now(timed)
-        logits_output, hidden = self._verify(batch, verify, window[:, :width], prefix_cpu, width)
-        target_tokens = self._target_tokens(batch, logits_output.next_token_logits, bs, width)
+        logits_output, hidden, target_tokens, accepted = self._verify_trees(
+            batch, trees, window, prefix, prefix_cpu, width
+        )
         verify_ms = (self._now(timed) - verify_start) * 1e3 if timed else None
-        # The whole window: B may exceed W.
-        accepted = accept(trees, target_tokens, window, max_depth=self.block_size - 1)
         path, bonus = accepted.path, accepted.bonus_tokens
 
         accept_lens = accepted.num_accepted + 1  # [bs]: accepted drafts + the bonus
-        self._keep_accepted_kv(accepted.kv_source, accepted.kv_target)
         self._write_draft_features(batch, hidden, window, prefix, prefix_cpu, path, accept_lens)
 
         out_tokens = target_tokens.gather(1, path.clamp(min=0))  # [bs, B]: emitted run first
@@ -173,7 +176,8 @@ class BastionWorker(DFlashWorkerV2):
             cycle_ms = (self._now(True) - started) * 1e3
             roots = trees.token_ids[:, 0]
             draft = (top_q, top_ids, roots, prefix_cpu)
-            self._record(batch, draft, decision, out_tokens, accept_lens, verify_ms, cycle_ms)
+            timing = {"started_s": started, "verify_ms": verify_ms, "cycle_ms": cycle_ms}
+            self._record(batch, draft, decision, out_tokens, accept_lens, timing)
         logits_output.hidden_states = None
         return GenerationBatchResult(
             logits_output=logits_output,
@@ -219,23 +223,24 @@ class BastionWorker(DFlashWorkerV2):
 
     def _record(
         self, batch: Any, draft: tuple[torch.Tensor, ...], decision: Decision,
-        out_tokens: torch.Tensor, accept_lens: torch.Tensor, verify_ms: float | None,
-        cycle_ms: float,
+        out_tokens: torch.Tensor, accept_lens: torch.Tensor, timing: dict[str, float | None],
     ) -> None:  # fmt: skip
         """Append this step to the trace (see trace.py); a failure stops tracing, not serving."""
         try:
-            self._write_trace(batch, draft, decision, out_tokens, accept_lens, verify_ms,
-                              cycle_ms)  # fmt: skip
+            self._write_trace(batch, draft, decision, out_tokens, accept_lens, timing)
         except Exception:
             logger.exception("BASTION: tracing failed; serving goes on without a trace")
             self.trace = None
 
     def _write_trace(
         self, batch: Any, draft: tuple[torch.Tensor, ...], decision: Decision,
-        out_tokens: torch.Tensor, accept_lens: torch.Tensor, verify_ms: float | None,
-        cycle_ms: float,
+        out_tokens: torch.Tensor, accept_lens: torch.Tensor, timing: dict[str, float | None],
     ) -> None:  # fmt: skip
-        """One trace record: draft = (top-K q [bs, D, K], their ids, roots [bs], contexts [bs])."""
+        """One trace record: draft = (top-K q [bs, D, K], their ids, roots [bs], contexts [bs]).
+
+        ``timing``: the step's start (``time.perf_counter`` seconds, for the gaps between
+        steps), the verify span's and the whole cycle's milliseconds.
+        """
         values, ids, roots, contexts = draft
         lens = accept_lens.tolist()
         self.trace.record({
@@ -249,9 +254,9 @@ class BastionWorker(DFlashWorkerV2):
             "sizes": decision.sizes.tolist(),
             "width": decision.width,
             "emitted": [row[:n] for row, n in zip(out_tokens.tolist(), lens, strict=True)],
+            "budgets": [_token_budget(req) for req in batch.reqs],
             "predicted_verify_ms": decision.predicted_verify_ms,
-            "verify_ms": verify_ms,
-            "cycle_ms": cycle_ms,
+            **timing,
         })  # fmt: skip
 
     def _draft_marginals(
@@ -317,10 +322,47 @@ class BastionWorker(DFlashWorkerV2):
             read_extent=extent,
         )
 
+    def _verify_trees(
+        self, batch: Any, trees: TreeBatch, window: torch.Tensor, prefix: torch.Tensor,
+        prefix_cpu: torch.Tensor, width: int,
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, Any]:  # fmt: skip
+        """Everything a step's cost owes to its trees: verify, target tokens, acceptance, KV.
+
+        This span is T_verify(B, W, c) for the controller: the worker times it for the EMA
+        modes and the trace, and ``bastion-calibrate`` times the same method.
+        """
+        bs = len(prefix)
+        verify = verify_inputs(trees, prefix, prefix_cpu)
+        grammar = None
+        if batch.has_grammar:  # the host copy must start before the verify launch
+            grammar = GrammarTree.from_device(
+                verify.retrieve_next_token, verify.retrieve_next_sibling,
+                verify.input_ids.view(bs, width),
+            )  # fmt: skip
+        logits_output, hidden = self._verify(
+            batch, verify, window[:, :width], prefix_cpu, width, grammar
+        )
+        target_tokens = self._target_tokens(batch, logits_output.next_token_logits, bs, width)
+        # The whole window: B may exceed W.
+        accepted = accept(trees, target_tokens, window, max_depth=self.block_size - 1)
+        self._keep_accepted_kv(accepted.kv_source, accepted.kv_target)
+        if batch.return_logprob:
+            rows = torch.arange(bs, device=target_tokens.device).unsqueeze(1) * width
+            compute_spec_logprobs(  # [bs, B]: the emitted tokens' rows, in emitted order
+                batch, logits_output, target_tokens.reshape(-1),
+                accept_index=rows + accepted.path.clamp(min=0),
+            )  # fmt: skip
+        return logits_output, hidden, target_tokens, accepted
+
     def _verify(
-        self, batch: Any, verify: Any, window: torch.Tensor, prefix_cpu: torch.Tensor, width: int
-    ) -> tuple[Any, torch.Tensor]:
-        """One target forward over every tree with the tree mask: logits and captured features."""
+        self, batch: Any, verify: Any, window: torch.Tensor, prefix_cpu: torch.Tensor, width: int,
+        grammar: GrammarTree | None = None,
+    ) -> tuple[Any, torch.Tensor]:  # fmt: skip
+        """One target forward over every tree with the tree mask: logits and captured features.
+
+        The logits come back processed as the requests' sampling asks (penalties, biases) and,
+        for grammar-constrained requests, masked at every node by the grammar's state there.
+        """
         out_cache_loc = window.reshape(-1)
         verify_input = DFlashVerifyInput(
             draft_token=verify.input_ids,
@@ -342,12 +384,19 @@ class BastionWorker(DFlashWorkerV2):
             batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
         )
         logits_output = out.logits_output
+        logits = logits_output.next_token_logits  # [bs * W, V]
+        mask = None
+        if grammar is not None:  # also clears the prefill's one-row mask, before it is applied
+            mask = build_grammar_vocab_mask(
+                reqs=batch.reqs, tree=grammar, sampling_info=batch.sampling_info,
+                device=logits.device, barrier=None,
+            )  # fmt: skip
         if batch.sampling_info is not None:
             apply_dflash_verify_logits_adjustments(
-                next_token_logits=logits_output.next_token_logits,
-                sampling_info=batch.sampling_info,
-                draft_token_num=width,
+                next_token_logits=logits, sampling_info=batch.sampling_info, draft_token_num=width
             )
+        if mask is not None:
+            mask.apply(logits)
         hidden = logits_output.hidden_states  # consumed before the next target forward
         return logits_output, hidden.view(len(batch.seq_lens), width, -1)
 
@@ -389,6 +438,12 @@ class BastionWorker(DFlashWorkerV2):
             positions=positions,
             commit_lens=accept_lens,
         )
+
+
+def _token_budget(req: Any) -> int | None:
+    """Tokens the request may still emit (max_new_tokens less its output so far), if known."""
+    limit = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None)
+    return None if limit is None else int(limit) - len(req.output_ids)
 
 
 def _ms(value: float | None) -> str:

@@ -9,6 +9,7 @@ several levels deep: acceptance, KV moves and mid-path stops are all exercised.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 
@@ -29,7 +30,12 @@ from server_utils import (
 
 pytestmark = pytest.mark.slow
 
-BACKEND = ["--attention-backend", "bastion_cpu", "--max-total-tokens", "8192", "--random-seed", "7"]
+# BASTION_TEST_BACKEND=triton runs this module on SGLang's Triton backend (interpreted on a CPU,
+# so float32) to time it against bastion_cpu: benchmarks/results/cpu_attention_serving.md.
+ATTENTION = os.environ.get("BASTION_TEST_BACKEND", "bastion_cpu")
+BACKEND = ["--attention-backend", ATTENTION, "--max-total-tokens", "8192", "--random-seed", "7"]
+if ATTENTION == "triton":
+    BACKEND += ["--dtype", "float32"]
 PROMPTS = [f"def f{i}(x):\n    return x * {i} +" for i in range(12)] + [
     "import os\n", "class A:\n    pass\n", "for i in range(3):", "# comment\n",
 ]  # fmt: skip

@@ -1,5 +1,6 @@
 """The shipped trained pair served by SGLang: real acceptance, the drafter module is SGLang's,
-/server_info shows the controller, and a server trace replays exactly in the simulator.
+/server_info shows the controller, a server trace replays exactly in the simulator, and the
+request features beyond plain text (logprobs, grammars) give what the plain server gives.
 
 Three real servers for this module (plain, BASTION N=16 with a step trace, adaptive BASTION
 with the shipped latency profile), HumanEval prompts, greedy.
@@ -8,6 +9,7 @@ with the shipped latency profile), HumanEval prompts, greedy.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -128,6 +130,45 @@ def test_the_drafter_module_gives_the_marginals_sglangs_drafter_gave(plain_url, 
     served_ids, served_q = column("topk_ids"), column("topk_probs")  # [A, D, K]
     assert (probs.argmax(-1) == served_ids[..., 0]).float().mean() > 0.9
     assert (probs.gather(-1, served_ids) - served_q).abs().max() < 0.1
+
+
+def generate_raw(url: str, prompt: str, **params: object) -> requests.Response:
+    """SGLang's /generate for one greedy prompt with extra request parameters."""
+    sampling = {"max_new_tokens": 24, "temperature": 0, **params.pop("sampling", {})}
+    body = {"text": prompt, "sampling_params": sampling, **params}
+    return requests.post(f"{url}/generate", json=body, timeout=600)
+
+
+def test_logprobs_are_those_of_the_emitted_tokens_as_without_speculation(plain_url, traced):
+    asked = {"return_logprob": True, "top_logprobs_num": 2}
+    plain, tree = (generate_raw(u, PROMPTS[1], **asked).json() for u in (plain_url, traced[0]))
+    assert tree["output_ids"] == plain["output_ids"]
+    got, want = tree["meta_info"], plain["meta_info"]
+    assert [t for _, t, _ in got["output_token_logprobs"]] == tree["output_ids"]
+    assert all(
+        top[0][1] == t
+        for top, t in zip(got["output_top_logprobs"], tree["output_ids"], strict=True)
+    )
+    for (mine, _, _), (theirs, _, _) in zip(
+        got["output_token_logprobs"], want["output_token_logprobs"], strict=True
+    ):
+        assert mine == pytest.approx(theirs, abs=0.05)  # bf16: verify vs decode pass
+
+
+def test_a_regex_constrained_request_follows_its_grammar_as_without_speculation(plain_url, traced):
+    regex = r"    return [a-z]{1,8}\([a-z, ]{0,12}\)\n"
+    replies = [
+        generate_raw(url, PROMPTS[0], sampling={"regex": regex, "max_new_tokens": 32}).json()
+        for url in (plain_url, traced[0])
+    ]
+    assert replies[1]["output_ids"] == replies[0]["output_ids"]
+    assert re.fullmatch(regex, replies[1]["text"])
+
+
+def test_a_sampling_mask_request_is_refused_alone_with_the_reason(traced):
+    refused = generate_raw(traced[0], PROMPTS[0], return_sampling_mask=True)
+    assert refused.status_code == 400 and "BASTION does not return sampling masks" in refused.text
+    assert generate_raw(traced[0], PROMPTS[0]).status_code == 200
 
 
 def test_replaying_the_servers_trace_reproduces_its_acceptance(traced, served):

@@ -24,15 +24,22 @@ def true_accept(trees, truth: torch.Tensor) -> torch.Tensor:
     return accepted + 1
 
 
-def write_fake_trace(path: Path, requests: int, nodes: int, seed: int) -> int:
-    """A greedy trace as a fixed-N server would write it; the number of steps."""
+def write_fake_trace(
+    path: Path, requests: int, nodes: int, seed: int, gap_ms: float = 3.0, idle_after: int = -1,
+    budget: int | None = None,
+) -> int:  # fmt: skip
+    """A greedy trace as a fixed-N server would write it; the number of steps.
+
+    Steps take 2 ms and ``gap_ms`` pass between them, except 5 s of idling after step
+    ``idle_after``.
+    """
     gen = torch.Generator().manual_seed(seed)
     streams = torch.randint(0, VOCAB, (requests, 400), generator=gen)  # greedy continuations
     header = {"top_k": TOP_K, "max_nodes": nodes, "block_size": DEPTH + 1,
               "controller": {"mode": "fixed", "layout": "uniform", "max_nodes": nodes}}  # fmt: skip
     writer = TraceWriter(path, max_steps=10_000, header=header)
     pos = torch.zeros(requests, dtype=torch.long)
-    steps = 0
+    steps, clock_s = 0, 100.0
     while bool((pos + 2 * DEPTH < streams.shape[1]).all()):
         truth = streams.gather(1, pos.unsqueeze(1) + 1 + torch.arange(DEPTH + 1))  # [b, D+1]
         logits = torch.randn(requests, DEPTH, VOCAB, generator=gen)
@@ -48,8 +55,10 @@ def write_fake_trace(path: Path, requests: int, nodes: int, seed: int) -> int:
             "topk_ids": ids.tolist(), "topk_probs": values.tolist(), "root_tokens": roots.tolist(),
             "sizes": trees.num_nodes.tolist(), "width": nodes,
             "emitted": [t[:n] for t, n in zip(truth.tolist(), lens.tolist(), strict=True)],
-            "predicted_verify_ms": None, "verify_ms": 1.0, "cycle_ms": 2.0,
+            "predicted_verify_ms": None, "verify_ms": 1.0, "cycle_ms": 2.0, "started_s": clock_s,
+            "budgets": [budget] * requests,
         })  # fmt: skip
+        clock_s += (2.0 + gap_ms) / 1e3 + (5.0 if steps == idle_after else 0.0)
         pos += lens
         steps += 1
     return steps
@@ -94,3 +103,49 @@ def test_the_report_counts_the_exact_match_and_names_the_oracle(tmp_path):
     best = max(fixed, key=lambda r: r["speedup vs AR"])
     assert all(r["oracle N"] == best["policy"].removeprefix("fixed N=") for r in rows)
     assert best["vs oracle fixed"] == 1.0
+
+
+def test_a_steps_gap_runs_from_its_end_to_the_next_start_and_idling_is_left_out(tmp_path):
+    steps = write_fake_trace(tmp_path / "t.jsonl", requests=2, nodes=8, seed=1, idle_after=2)
+    _, loaded = simulate.load_steps([tmp_path / "t.jsonl"], idle_gap_s=1.0)
+    gaps = [step.gap_ms for step in loaded]
+    assert len(gaps) == steps
+    assert gaps[2] is None and gaps[-1] is None  # idle, and no next step
+    assert all(g == pytest.approx(3.0) for i, g in enumerate(gaps) if i not in (2, steps - 1))
+
+
+def test_server_throughput_adds_each_steps_gap_to_the_policys_predicted_cycle(tmp_path):
+    write_fake_trace(tmp_path / "t.jsonl", requests=2, nodes=16, seed=7, gap_ms=4.0)
+    header, steps = simulate.load_steps([tmp_path / "t.jsonl"])
+    model = simulate.LatencyModel.uncalibrated(
+        simulate.ModelShape.from_config_file(simulate.ROOT / "tests/data/qwen3-8b-config.json"),
+        simulate.Hardware.lookup("H100-SXM"),
+        t_aux_ms=2.0,
+    )
+    _, check = simulate.simulate(steps, header, model, [4, 16], ["static"])
+    timed = [s for s in steps if s.gap_ms is not None]
+    tokens = sum(float(s.recorded_accept.sum()) for s in timed)
+    cycles = [float(model.cycle_ms(2, 16, float(s.context_lens.float().mean()))) for s in timed]
+    ms = sum(cycles) + 4.0 * len(timed)
+    assert check["predicted_server_tok_s"] == pytest.approx(1e3 * tokens / ms)
+    assert check["recorded_server_tok_s"] == pytest.approx(1e3 * tokens / (len(timed) * 6.0))
+    assert check["server_tok_s"]["fixed N=16"] == pytest.approx(check["predicted_server_tok_s"])
+
+
+def test_tokens_past_a_requests_budget_do_not_count_towards_server_throughput(tmp_path):
+    for budget in (None, 2):
+        write_fake_trace(tmp_path / f"{budget}.jsonl", requests=2, nodes=16, seed=9, budget=budget)
+    model = simulate.LatencyModel.uncalibrated(
+        simulate.ModelShape.from_config_file(simulate.ROOT / "tests/data/qwen3-8b-config.json"),
+        simulate.Hardware.lookup("H100-SXM"),
+    )
+    checks = {}
+    for budget in (None, 2):
+        header, steps = simulate.load_steps([tmp_path / f"{budget}.jsonl"])
+        _, checks[budget] = simulate.simulate(steps, header, model, [16], ["static"])
+        kept = sum(float(s.recorded_accept.clamp(max=budget or 10**9).sum()) for s in steps[:-1])
+        assert checks[budget]["recorded_server_tok_s"] == pytest.approx(
+            1e3 * kept / ((len(steps) - 1) * 5.0)
+        )
+    assert checks[2]["equal"] == checks[2]["steps"]  # acceptance itself is not capped
+    assert checks[2]["predicted_server_tok_s"] < checks[None]["predicted_server_tok_s"]

@@ -315,7 +315,8 @@ def _top_k(probs: torch.Tensor, top_k: int, groups: int) -> tuple[torch.Tensor, 
 def _lattice_pool(log_q: torch.Tensor, plan: _Plan) -> torch.Tensor:
     """[B, U] scores of the fixed pool, summed in float32 from the root down."""
     batch = log_q.shape[0]
-    flat = torch.nn.functional.pad(log_q.view(batch, -1), (0, 1))  # [B, D*K + 1], last is 0
+    flat = log_q.new_zeros(batch, log_q[0].numel() + 1)  # [B, D*K + 1], the last stays 0
+    flat[:, :-1] = log_q.view(batch, -1)
     grid = flat.index_select(1, plan.grid_index).view(batch, plan.rows, -1)  # [B, rows, cols]
     steps = grid.unbind(1)
     for t in range(1, plan.rows):
@@ -327,23 +328,22 @@ def _beam_pool(log_q: torch.Tensor, plan: _Plan) -> tuple[torch.Tensor, torch.Te
     """[B, U] scores of the beam pool and [B, U] candidate id of every entry."""
     batch = log_q.shape[0]
     widths = plan.widths
-    head = plan.head_zeros.expand(batch, 1, -1)  # [B, 1, F]
-    scores = [head[..., :1]]  # pieces [B, 1, W_d]: the root's 0, then each depth
-    picks = [head.long()]  # the picked flat index of each entry, 0 before the first top-k
+    head = plan.head_zeros.shape[2]  # entries (the root first) that keep every candidate
+    pool = log_q.new_empty(batch, 1, sum(widths))  # [B, 1, U]: depth by depth
+    picks = torch.zeros(batch, 1, pool.shape[2], dtype=torch.long, device=log_q.device)
+    scores, picked = pool.split(widths, dim=2), picks.split(widths, dim=2)  # [B, 1, W_d] each
+    scores[0].zero_()
     columns = log_q.unsqueeze(3).unbind(1)  # D x [B, K, 1]
-    beam = log_q[:, :1]  # [B, 1, K]: 0 + log q is log q exactly
-    kept = 1  # entries so far that kept every candidate (the head)
+    kept = 1
     for d in range(1, len(widths)):
-        if d > 1:
-            beam = torch.add(columns[d - 1], beam).view(batch, 1, -1)  # [B, 1, K * W_{d-1}]
-        if kept < head.shape[2]:
+        # [B, K, W_{d-1}]: flat index k * W_{d-1} + i extends entry i by the rank-k token
+        beam = torch.add(columns[d - 1], scores[d - 1]).view(batch, 1, -1)
+        if kept < head:
+            scores[d].copy_(beam)
             kept += widths[d]
         else:
-            beam, pick = beam.topk(widths[d], dim=2, sorted=False)  # [B, 1, W_d] each
-            picks.append(pick)
-        scores.append(beam)
-    pool = torch.cat(scores, dim=2).view(batch, -1)  # [B, U]
-    return pool, plan.entry_index + torch.cat(picks, dim=2).view(batch, -1)
+            torch.topk(beam, widths[d], dim=2, sorted=False, out=(scores[d], picked[d]))
+    return pool.view(batch, -1), plan.entry_index + picks.view(batch, -1)
 
 
 def _pad(x: torch.Tensor, pad: int, value: float) -> torch.Tensor:

@@ -106,7 +106,35 @@ def _dflash_gate_on_cpu(module: ModuleType) -> None:
     module._handle_dflash = handle
 
 
+def _input_embeds_in_model_dtype(module: ModuleType) -> None:
+    """The runner casts draft-block `input_embeds` to bfloat16 whatever the model's dtype.
+
+    Only float32 servers differ: Triton runs interpreted on a CPU and its interpreter is wrong
+    in bfloat16, so the tests compare speculative serving against Triton in float32, where a
+    bfloat16 block would meet float32 weights. The embeddings follow the model's dtype there.
+    """
+    original = module.ModelRunner._extend_forward_kwargs
+
+    def kwargs(self, forward_batch, pp_proxy_tensors):
+        out = original(self, forward_batch, pp_proxy_tensors)
+        embeds = forward_batch.input_embeds
+        plain = embeds is not None and forward_batch.replace_embeds is None
+        if plain and embeds.dtype == self.model_config.dtype == torch_float32():
+            out["input_embeds"] = embeds  # as computed, not rounded through bfloat16
+        return out
+
+    module.ModelRunner._extend_forward_kwargs = kwargs
+
+
+def torch_float32() -> object:
+    """torch.float32, imported late (sitecustomize runs before torch is wanted)."""
+    import torch
+
+    return torch.float32
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "sglang.srt.model_executor.model_runner": _input_embeds_in_model_dtype,
     "sglang.kernels.ops.speculative.cache_locs": _cache_locs_on_cpu,
     "sglang.srt.speculative.dflash_worker_v2": _dflash_worker_on_cpu,
     "sglang.srt.arg_groups.speculative_hook": _dflash_gate_on_cpu,
