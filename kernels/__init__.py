@@ -5,7 +5,8 @@ on a CUDA device (unless ``SGLANG_BASTION_DISABLE_KERNELS=1``), the ``*_referenc
 version elsewhere. The ``*_triton`` versions also run on CPU under ``TRITON_INTERPRET=1``
 (the tests).
 
-- `draft_head_topk` / `topk_softmax`: top-K tokens and full-vocabulary probabilities.
+- `draft_head_topk` / `topk_softmax`: top-K tokens and full-vocabulary probabilities;
+  `shard_top_k` / `merge_shard_top_k`: the same over a tensor-parallel LM head's shards.
 - `build_trees_from_top_k`: `build_trees` from [B, D, K] top-K instead of [B, D, V].
 - `verify_inputs`: `linearize` (mask, positions, retrieve arrays) in one launch.
 - `accept`: `accept_path` plus the KV-slot moves in one launch.
@@ -24,6 +25,8 @@ from sglang_bastion.kernels.dispatch import use_triton
 from sglang_bastion.kernels.draft_head import (
     draft_head_topk,
     draft_logits,
+    merge_shard_top_k,
+    shard_top_k,
     topk_softmax,
     topk_softmax_reference,
     topk_softmax_triton,
@@ -59,7 +62,9 @@ __all__ = [
     "build_trees_from_top_k_triton",
     "draft_head_topk",
     "draft_logits",
+    "merge_shard_top_k",
     "merge_states",
+    "shard_top_k",
     "split_tree_attention",
     "split_tree_attention_reference",
     "split_tree_attention_triton",

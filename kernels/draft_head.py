@@ -111,6 +111,29 @@ def draft_head_topk(
     return topk_softmax(draft_logits(hidden, weight, vocab), top_k, temperature)
 
 
+def shard_top_k(
+    hidden: torch.Tensor, weight: torch.Tensor, vocab: int, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One vocabulary shard's part of the draft head: [R, K] top logits, their [R, K] local
+    ids and the shard's [R] log-sum-exp (float32), for ``merge_shard_top_k`` across shards."""
+    logits = draft_logits(hidden, weight, vocab).float()  # [R, V_shard]
+    values, ids = logits.topk(min(top_k, vocab), dim=1)  # [R, K] each
+    return values, ids, torch.logsumexp(logits, dim=1)
+
+
+def merge_shard_top_k(
+    values: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[R, K] full-vocabulary probabilities and global ids from S shards' [S, R, K] top logits,
+    [S, R, K] global ids and [S, R] log-sum-exps: what `draft_head_topk` gives unsharded."""
+    shards, rows, k = values.shape
+    flat = values.permute(1, 0, 2).reshape(rows, shards * k)  # [R, S*K]
+    best, pick = flat.topk(top_k, dim=1)  # [R, K] each: the K best lie among the shards' K best
+    total = torch.logsumexp(lse, dim=0)  # [R]
+    merged_ids = ids.permute(1, 0, 2).reshape(rows, shards * k).gather(1, pick)
+    return torch.exp(best - total.unsqueeze(1)), merged_ids
+
+
 def _inverse_temperature(temperature: float | torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """[R] float32 1 / T of every row (T a float or an [R] tensor, all positive)."""
     rows = logits.shape[0]

@@ -134,11 +134,6 @@ def validate_server_args(server_args: Any) -> None:
             f"--page-size {server_args.page_size} is not supported: BASTION moves accepted "
             "tree nodes token by token; use --page-size 1"
         )
-    if getattr(server_args, "tp_size", 1) != 1:
-        raise BastionConfigError(
-            f"--tp-size {server_args.tp_size} is not supported yet: the draft head reads the "
-            "target's LM head unsharded; serve with --tp-size 1 (or --dp-size for more GPUs)"
-        )
     if getattr(server_args, "speculative_draft_window_size", None):
         raise BastionConfigError("--speculative-draft-window-size is not supported with BASTION")
     if getattr(server_args, "pp_size", 1) != 1:
@@ -153,6 +148,13 @@ def validate_server_args(server_args: Any) -> None:
         options.validate()
     except ValueError as error:
         raise BastionConfigError(str(error)) from None
+    tp_size = getattr(server_args, "tp_size", 1) or 1
+    if tp_size > 1 and options.resolved_mode in ("ema", "ema_calib"):
+        raise BastionConfigError(
+            f"SGLANG_BASTION_MODE={options.resolved_mode} is not supported with --tp-size "
+            f"{tp_size}: every rank must choose the same trees, and the EMA modes follow each "
+            "rank's own step times; use SGLANG_BASTION_MODE=static (or fixed)"
+        )
     if options.profile and options.resolved_mode != "fixed":
         check_profile_matches_server(options.profile, server_args)
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+from sglang.srt.layers.sampler import SYNC_TOKEN_IDS_ACROSS_TP
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import (
@@ -36,6 +37,7 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
 )
+from sglang.srt.runtime_context import get_parallel
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_utils import (
@@ -55,7 +57,14 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
 from sglang_bastion.budget.live import Decision, LiveBudget
-from sglang_bastion.kernels import accept, build_trees_from_top_k, draft_head_topk, verify_inputs
+from sglang_bastion.kernels import (
+    accept,
+    build_trees_from_top_k,
+    draft_head_topk,
+    merge_shard_top_k,
+    shard_top_k,
+    verify_inputs,
+)
 from sglang_bastion.options import BastionOptions
 from sglang_bastion.serving import make_budget, profile_summary
 from sglang_bastion.spec_algo import drafter_block_size
@@ -100,7 +109,7 @@ class BastionWorker(DFlashWorkerV2):
         self.stats = BastionStats()
         self.profile_info = profile_summary(self.budget, self.options)
         self.trace = None
-        if self.options.trace:
+        if self.options.trace and get_parallel().tp_rank == 0:  # ranks step in lockstep
             header = {"top_k": self.top_k, "max_nodes": self.max_nodes,
                       "block_size": self.block_size, "controller": self.profile_info}  # fmt: skip
             self.trace = TraceWriter(self.options.trace, self.options.trace_steps, header)
@@ -306,8 +315,30 @@ class BastionWorker(DFlashWorkerV2):
         vocab = int(self.model_runner.model_config.vocab_size)
         top_k = min(self.top_k, vocab)
         rows = hidden.reshape(-1, hidden.shape[-1])  # [bs*(B-1), H]
-        top_q, top_ids = draft_head_topk(rows, lm_head.weight, vocab, top_k)  # [bs*(B-1), K] each
+        top_q, top_ids = self._draft_head(rows, lm_head, vocab, top_k)  # [bs*(B-1), K] each
         return top_q.view(bs, block - 1, top_k), top_ids.view(bs, block - 1, top_k)
+
+    def _draft_head(
+        self, rows: torch.Tensor, lm_head: Any, vocab: int, top_k: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[R, K] full-vocabulary top-K probabilities and ids of the drafter's hidden rows.
+
+        Under tensor parallelism each rank holds a vocabulary shard of the LM head: it takes
+        its shard's top-K and log-sum-exp, one all-gather shares them, and every rank merges
+        the same numbers into the same marginals, so every rank builds the same trees.
+        """
+        group = get_parallel().tp_group
+        if group.world_size == 1:
+            return draft_head_topk(rows, lm_head.weight, vocab, top_k)
+        shard = lm_head.shard_indices
+        values, ids, lse = shard_top_k(rows, lm_head.weight, shard.num_org_elements, top_k)
+        ids = ids + shard.org_vocab_start_index  # global token ids
+        packed = torch.cat([values, ids.float(), lse.unsqueeze(1)], dim=1)  # [R, 2K+1]: ids < 2^24
+        gathered = group.all_gather(packed, dim=0).view(group.world_size, *packed.shape)
+        k = values.shape[1]
+        return merge_shard_top_k(
+            gathered[..., :k], gathered[..., k : 2 * k].long(), gathered[..., 2 * k], top_k
+        )
 
     def _plan(
         self, batch: Any, prefix: torch.Tensor, prefix_cpu: torch.Tensor,
@@ -404,11 +435,19 @@ class BastionWorker(DFlashWorkerV2):
         """[bs, W] the target's token at every node: argmax, or a sample per request."""
         info = batch.sampling_info
         if info is None or info.is_all_greedy:
-            return logits.argmax(dim=-1).view(bs, width)
-        probs = build_speculative_verify_target_probs(
-            next_token_logits=logits, sampling_info=info, draft_token_num=width, bs=bs
-        )
-        return torch.multinomial(probs.view(bs * width, -1), 1).view(bs, width)
+            tokens = logits.argmax(dim=-1).view(bs, width)
+        else:
+            probs = build_speculative_verify_target_probs(
+                next_token_logits=logits, sampling_info=info, draft_token_num=width, bs=bs
+            )
+            tokens = torch.multinomial(probs.view(bs * width, -1), 1).view(bs, width)
+        group = get_parallel().tp_group
+        if group.world_size > 1 and (SYNC_TOKEN_IDS_ACROSS_TP or batch.has_grammar):
+            # Ranks draw alike from the same seeded state; SGLang's sampler syncs them anyway
+            # under this flag or a grammar, and so do we.
+            torch.distributed.all_reduce(tokens, op=torch.distributed.ReduceOp.MIN,
+                                         group=group.device_group)  # fmt: skip
+        return tokens
 
     def _keep_accepted_kv(self, source: torch.Tensor, target: torch.Tensor) -> None:
         """Move the accepted nodes' target KV to the front slots of each request's window."""

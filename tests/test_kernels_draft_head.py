@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
-from sglang_bastion.kernels import draft_head_topk, topk_softmax_reference, topk_softmax_triton
+from sglang_bastion.kernels import (
+    draft_head_topk,
+    merge_shard_top_k,
+    shard_top_k,
+    topk_softmax_reference,
+    topk_softmax_triton,
+)
 
 # Probabilities are exp(x - lse) in float32 with a different summation order than torch's.
 RTOL, ATOL = 1e-5, 1e-7
@@ -79,3 +87,21 @@ def test_draft_head_reads_only_the_real_vocabulary_rows_of_the_lm_head():
 def test_nonpositive_temperature_is_refused():
     with pytest.raises(ValueError, match="temperature"):
         topk_softmax_reference(logits(rows=1, vocab=10, seed=6), 2, 0.0)
+
+
+@pytest.mark.parametrize("bounds", [(0, 150, 300), (0, 100, 230, 300), (0, 10, 300)])
+def test_merged_vocabulary_shards_give_the_unsharded_draft_head(bounds):
+    generator = torch.Generator().manual_seed(len(bounds))
+    hidden = torch.randn(6, 16, generator=generator)
+    weight = 2 * torch.randn(300, 16, generator=generator)  # [V, H]: tensor parallelism splits V
+    parts = [
+        shard_top_k(hidden, weight[start:end], end - start, 8)
+        for start, end in itertools.pairwise(bounds)
+    ]
+    values = torch.stack([v for v, _, _ in parts])  # [S, R, K]
+    ids = torch.stack([i + start for (_, i, _), start in zip(parts, bounds, strict=False)])
+    lse = torch.stack([s for _, _, s in parts])  # [S, R]
+    probs, merged = merge_shard_top_k(values, ids, lse, 8)
+    want_probs, want_ids = draft_head_topk(hidden, weight, 300, 8)
+    assert torch.equal(merged, want_ids)
+    torch.testing.assert_close(probs, want_probs, rtol=1e-5, atol=1e-7)

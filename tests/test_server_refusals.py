@@ -82,3 +82,9 @@ def test_a_malformed_profile_is_refused(pair, tmp_path):
 def test_an_adaptive_mode_without_a_profile_is_refused(pair):
     output = refusal(pair, pair[1], env={"SGLANG_BASTION_MODE": "static"})
     assert "SGLANG_BASTION_MODE=static needs a latency profile" in output
+
+
+def test_a_timing_driven_mode_under_tensor_parallelism_is_refused(pair):
+    env = {"SGLANG_BASTION_MODE": "ema", "SGLANG_BASTION_PROFILE": str(SHIPPED_PROFILE)}
+    output = refusal(pair, pair[1], "--tp-size", "2", env=env)
+    assert "not supported with --tp-size 2" in output and "SGLANG_BASTION_MODE=static" in output

@@ -133,7 +133,26 @@ def torch_float32() -> object:
     return torch.float32
 
 
+def _no_nccl_on_cpu(module: ModuleType) -> None:
+    """Model-parallel groups ask for a PyNccl communicator on every in-tree platform, CPU too.
+
+    A CPU host has no NCCL; without it the groups use torch.distributed (gloo), as SGLang's
+    CPU all-reduce already falls back to. Only ``--tp-size`` above 1 on a CPU reaches this.
+    """
+    import torch
+
+    original = module.init_model_parallel_group
+
+    def init(*args, **kwargs):
+        if not torch.cuda.is_available():
+            kwargs["use_pynccl"] = False
+        return original(*args, **kwargs)
+
+    module.init_model_parallel_group = init
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "sglang.srt.distributed.parallel_state": _no_nccl_on_cpu,
     "sglang.srt.model_executor.model_runner": _input_embeds_in_model_dtype,
     "sglang.kernels.ops.speculative.cache_locs": _cache_locs_on_cpu,
     "sglang.srt.speculative.dflash_worker_v2": _dflash_worker_on_cpu,

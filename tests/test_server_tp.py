@@ -1,0 +1,59 @@
+"""``--tp-size 2`` on this CPU: two ranks, each with half of the LM head, build the same trees.
+
+SGLang's CPU path needs each rank's cores named (``SGLANG_CPU_OMP_THREADS_BIND``) and, on a
+host without NCCL, gloo groups (a stand-in in ``sglang_standins``). Three servers: the plain
+target, BASTION on one rank, BASTION on two ranks; trained pair, HumanEval prompts, greedy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import requests
+from server_utils import SERVER_ENV, assert_all_same, bastion_args, run_all, sglang_server
+
+pytestmark = pytest.mark.slow
+
+PAIR = Path(__file__).resolve().parent.parent / "training" / "pair"
+BACKEND = ["--attention-backend", "bastion_cpu", "--max-total-tokens", "8192"]
+ENV = {**SERVER_ENV, "SGLANG_BASTION_TOPK": "8", "SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
+PROMPTS = [
+    "def fibonacci(n):\n",
+    "import os\nimport sys\n\n\ndef main():\n",
+    "class Stack:\n    def push(self, x):\n",
+    "def is_prime(n: int) -> bool:\n",
+]
+BATCH = [{"prompt": p, "max_tokens": 40} for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """(URL, greedy replies) of the plain target, kept up to settle ties."""
+    log = tmp_path_factory.mktemp("logs") / "plain.log"
+    with sglang_server(PAIR / "target", BACKEND, log, env=ENV) as url:
+        yield url, run_all(url, BATCH)
+
+
+@pytest.fixture(scope="module")
+def bastion(plain, tmp_path_factory):
+    """{ranks: (greedy replies, BASTION counters)} on one rank and on two, one after the other."""
+    logs = tmp_path_factory.mktemp("logs")
+    out = {}
+    for ranks in (1, 2):
+        args = [*BACKEND, *bastion_args(PAIR / "drafter", 16), "--tp-size", str(ranks)]
+        with sglang_server(PAIR / "target", args, logs / f"tp{ranks}.log", env=ENV) as url:
+            replies = run_all(url, BATCH)
+            info = requests.get(f"{url}/server_info", timeout=60).json()["internal_states"][0]
+            out[ranks] = (replies, info["bastion"])
+    return out
+
+
+def test_two_ranks_serve_the_plain_servers_greedy_tokens(plain, bastion):
+    assert_all_same(plain[0], BATCH, bastion[2][0], plain[1])
+
+
+def test_the_sharded_draft_head_drafts_as_one_rank_does(bastion):
+    one, two = bastion[1][1], bastion[2][1]
+    assert two["mean_accept_length"] > 2.0
+    assert two["mean_accept_length"] == pytest.approx(one["mean_accept_length"], abs=0.25)
