@@ -1,8 +1,11 @@
-"""Shared test helpers: random marginals of the shapes and pathologies the builder must handle."""
+"""Shared test helpers: random marginals of the shapes and pathologies the builder must handle,
+and a small hand-drawn tree."""
 
 from __future__ import annotations
 
 import torch
+
+from sglang_bastion.tree import TreeBatch
 
 MARGINAL_KINDS = ("smooth", "peaked", "flat", "ties", "one_hot")
 
@@ -27,3 +30,16 @@ def random_marginals(
     else:
         raise ValueError(kind)
     return probs.float()
+
+
+def small_tree() -> TreeBatch:
+    """One hand-drawn tree of six nodes and a padding slot."""
+    # root(10) ─ a(11) ─ c(13)
+    #          └ b(12) ─ d(14) ─ e(15)        slot 6 is padding
+    return TreeBatch(
+        token_ids=torch.tensor([[10, 11, 12, 13, 14, 15, 0]]),
+        parents=torch.tensor([[-1, 0, 0, 1, 2, 4, -1]]),
+        depths=torch.tensor([[0, 1, 1, 2, 2, 3, 0]]),
+        log_scores=torch.tensor([[0.0, -0.1, -0.2, -0.3, -0.4, -0.5, float("-inf")]]),
+        num_nodes=torch.tensor([6]),
+    )

@@ -4,22 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import random_marginals
+from helpers import random_marginals, small_tree
 from scipy.stats import chisquare
 
 from sglang_bastion.tree import TreeBatch, accept_path, build_trees
-
-
-def small_tree() -> TreeBatch:
-    # root(10) ─ a(11) ─ c(13)
-    #          └ b(12) ─ d(14) ─ e(15)        slot 6 is padding
-    return TreeBatch(
-        token_ids=torch.tensor([[10, 11, 12, 13, 14, 15, 0]]),
-        parents=torch.tensor([[-1, 0, 0, 1, 2, 4, -1]]),
-        depths=torch.tensor([[0, 1, 1, 2, 2, 3, 0]]),
-        log_scores=torch.tensor([[0.0, -0.1, -0.2, -0.3, -0.4, -0.5, float("-inf")]]),
-        num_nodes=torch.tensor([6]),
-    )
 
 
 def test_walk_follows_matching_children_and_emits_the_first_miss_as_bonus():

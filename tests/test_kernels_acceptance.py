@@ -4,24 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import random_marginals
+from helpers import random_marginals, small_tree
 
 from sglang_bastion.kernels import accept_reference, accept_triton
 from sglang_bastion.tree import TreeBatch, build_trees
 
 FIELDS = ("path", "num_accepted", "bonus_tokens", "kv_source", "kv_target")
-
-
-def small_tree() -> TreeBatch:
-    # root(10) ─ a(11) ─ c(13)
-    #          └ b(12) ─ d(14) ─ e(15)        slot 6 is padding
-    return TreeBatch(
-        token_ids=torch.tensor([[10, 11, 12, 13, 14, 15, 0]]),
-        parents=torch.tensor([[-1, 0, 0, 1, 2, 4, -1]]),
-        depths=torch.tensor([[0, 1, 1, 2, 2, 3, 0]]),
-        log_scores=torch.tensor([[0.0, -0.1, -0.2, -0.3, -0.4, -0.5, float("-inf")]]),
-        num_nodes=torch.tensor([6]),
-    )
 
 
 def planted_targets(trees: TreeBatch, vocab: int, generator: torch.Generator) -> torch.Tensor:

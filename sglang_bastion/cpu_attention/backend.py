@@ -217,6 +217,19 @@ class BastionCpuAttnBackend(AttentionBackend):
 
     # ----------------------------------------------------------------- forward
 
+    def _begin(
+        self, k: torch.Tensor | None, v: torch.Tensor | None, layer: RadixAttention,
+        forward_batch: ForwardBatch, save_kv_cache: bool, kwargs: dict[str, Any], *, decode: bool,
+    ) -> CpuForwardMetadata:  # fmt: skip
+        """Check the call against the plan, write the new keys and values; the plan."""
+        _check_layer(layer, kwargs)
+        meta = self._metadata()
+        if meta.decode != decode:
+            called, plan = ("decode", "an extend") if decode else ("extend", "a decode")
+            raise RuntimeError(f"{BACKEND_NAME}: forward_{called} called on {plan} plan")
+        self._save_kv(k, v, layer, forward_batch, save_kv_cache)
+        return meta
+
     def forward_extend(
         self,
         q: torch.Tensor,
@@ -228,11 +241,7 @@ class BastionCpuAttnBackend(AttentionBackend):
         **kwargs: Any,
     ) -> torch.Tensor:
         """Attention of a block of new tokens per request (extend, mixed, verify, draft)."""
-        _check_layer(layer, kwargs)
-        meta = self._metadata()
-        if meta.decode:
-            raise RuntimeError(f"{BACKEND_NAME}: forward_extend called on a decode plan")
-        self._save_kv(k, v, layer, forward_batch, save_kv_cache)
+        meta = self._begin(k, v, layer, forward_batch, save_kv_cache, kwargs, decode=False)
         heads, head_dim, v_dim = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
         layout = meta.layout
         assert layout is not None
@@ -277,11 +286,7 @@ class BastionCpuAttnBackend(AttentionBackend):
         **kwargs: Any,
     ) -> torch.Tensor:
         """Attention of one new token per request over its cached sequence."""
-        _check_layer(layer, kwargs)
-        meta = self._metadata()
-        if not meta.decode:
-            raise RuntimeError(f"{BACKEND_NAME}: forward_decode called on an extend plan")
-        self._save_kv(k, v, layer, forward_batch, save_kv_cache)
+        meta = self._begin(k, v, layer, forward_batch, save_kv_cache, kwargs, decode=True)
         heads, head_dim, v_dim = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
         batch = meta.kv_slots.shape[0]
         queries = q.reshape(-1, heads, head_dim)[:batch].unsqueeze(1)  # [B, 1, H, D]
