@@ -452,12 +452,14 @@ class BastionWorker(DFlashWorkerV2):
     def _keep_accepted_kv(self, source: torch.Tensor, target: torch.Tensor) -> None:
         """Move the accepted nodes' target KV to the front slots of each request's window."""
         moved = target >= 0  # [bs, D+1]: -1 where the slot stays
-        source, target = source[moved], target[moved]
-        if source.numel():
-            pool = self.model_runner.token_to_kv_pool_allocator.get_kvcache()
-            if source.device.type == "cpu":
-                pool.use_native_move_kv_cache = True  # the fused copy is a GPU kernel
-            pool.move_kv_cache(target, source)
+        # A fixed-size copy, no host sync: entries that stay copy the pool's padding slot 0
+        # (SGLang's dummy-output slot) onto itself.
+        source = torch.where(moved, source, 0).reshape(-1)
+        target = torch.where(moved, target, 0).reshape(-1)
+        pool = self.model_runner.token_to_kv_pool_allocator.get_kvcache()
+        if source.device.type == "cpu":
+            pool.use_native_move_kv_cache = True  # the fused copy is a GPU kernel
+        pool.move_kv_cache(target, source)
 
     def _write_draft_features(
         self, batch: Any, hidden: torch.Tensor, window: torch.Tensor, prefix: torch.Tensor,

@@ -113,24 +113,19 @@ def _input_embeds_in_model_dtype(module: ModuleType) -> None:
     in bfloat16, so the tests compare speculative serving against Triton in float32, where a
     bfloat16 block would meet float32 weights. The embeddings follow the model's dtype there.
     """
+    import torch
+
     original = module.ModelRunner._extend_forward_kwargs
 
     def kwargs(self, forward_batch, pp_proxy_tensors):
         out = original(self, forward_batch, pp_proxy_tensors)
         embeds = forward_batch.input_embeds
         plain = embeds is not None and forward_batch.replace_embeds is None
-        if plain and embeds.dtype == self.model_config.dtype == torch_float32():
+        if plain and embeds.dtype == self.model_config.dtype == torch.float32:
             out["input_embeds"] = embeds  # as computed, not rounded through bfloat16
         return out
 
     module.ModelRunner._extend_forward_kwargs = kwargs
-
-
-def torch_float32() -> object:
-    """torch.float32, imported late (sitecustomize runs before torch is wanted)."""
-    import torch
-
-    return torch.float32
 
 
 def _no_nccl_on_cpu(module: ModuleType) -> None:
