@@ -109,7 +109,7 @@ def measure_method(
     args: argparse.Namespace,
     store: ResultStore,
     dataset: Path,
-    warmup_prompt: str,
+    warmup_prompts: list[str],
     progress: tqdm,
 ) -> None:
     """Start the method's server, measure every missing concurrency, stop the server."""
@@ -122,10 +122,12 @@ def measure_method(
         args.server_timeout,
     ) as url:  # fmt: skip
         progress.write(f"[{method.name}] healthy after {time.monotonic() - started:.0f} s at {url}")
-        warm_up(url, warmup_prompt)
         for concurrency in concurrencies:
             progress.set_description(f"{method.name} C={concurrency}")
             num_prompts = prompts_per_cell(args, concurrency)
+            # A round at the cell's concurrency and length first: the batch sizes and tree
+            # widths of the cell are then no longer new to the server when it is measured.
+            warm_up(url, warmup_prompts, concurrency, args.output_len)
             reset_acceptance(url, server_info(url))
             before = server_info(url)
             argv = bench_argv(
@@ -201,8 +203,8 @@ def run_sweep(args: argparse.Namespace) -> tuple[Path, list[str]]:
             if not missing:
                 continue
             try:
-                first = prompts[0]["prompt"]
-                measure_method(method, missing, args, store, dataset, first, progress)
+                warm = [p["prompt"] for p in prompts[-max(missing) :]]  # the cells start at the top
+                measure_method(method, missing, args, store, dataset, warm, progress)
             except Exception as error:  # one broken method must not lose the others
                 progress.write(f"[{method.name}] FAILED: {error}")
                 failed.append(method.name)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
@@ -128,7 +129,18 @@ def reset_acceptance(url: str, info: dict) -> None:
     requests.post(f"{url}/set_internal_state", json=body, timeout=60).raise_for_status()
 
 
-def warm_up(url: str, prompt: str, max_tokens: int = 8) -> None:
-    """One short greedy request, so first-call costs stay out of the measurement."""
-    body = {"text": prompt, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0}}
-    requests.post(f"{url}/generate", json=body, timeout=600).raise_for_status()
+def warm_up(url: str, prompts: Sequence[str], concurrency: int, max_tokens: int = 8) -> None:
+    """``concurrency`` greedy requests at once, so first-call costs stay out of the measurement.
+
+    A server pays once for every new pass shape (on CPU, a matmul primitive per token count;
+    on GPU, kernel selection): the batch sizes and widths of a cell, met for the first time.
+    """
+    body = {"sampling_params": {"max_new_tokens": max_tokens, "temperature": 0}}
+
+    def generate(prompt: str) -> None:
+        reply = requests.post(f"{url}/generate", json={"text": prompt, **body}, timeout=600)
+        reply.raise_for_status()
+
+    chosen = [prompts[i % len(prompts)] for i in range(concurrency)]
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        list(pool.map(generate, chosen))

@@ -80,7 +80,7 @@ class _Plan:
     # Beam: entry_index holds each entry's candidate id where its depth keeps every candidate,
     # else the first candidate id of its depth (the picked flat index is added at run time);
     # head_zeros covers the entries before the first depth chosen by top-k.
-    head_zeros: torch.Tensor  # [1, 1, F] float
+    head_zeros: torch.Tensor  # [1, 1, F] long
 
 
 def _lattice_nodes(
@@ -201,7 +201,7 @@ def _make_plan(
         key_bias=(-d64 * _DEPTH_BIAS).to(device),
         node_depth=torch.tensor(node_depth, device=device),
         slots=torch.arange(size, device=device),
-        head_zeros=torch.zeros(1, 1, head, device=device),
+        head_zeros=torch.zeros(1, 1, head, dtype=torch.long, device=device),
     )
 
 
@@ -329,21 +329,22 @@ def _beam_pool(log_q: torch.Tensor, plan: _Plan) -> tuple[torch.Tensor, torch.Te
     batch = log_q.shape[0]
     widths = plan.widths
     head = plan.head_zeros.shape[2]  # entries (the root first) that keep every candidate
-    pool = log_q.new_empty(batch, 1, sum(widths))  # [B, 1, U]: depth by depth
-    picks = torch.zeros(batch, 1, pool.shape[2], dtype=torch.long, device=log_q.device)
-    scores, picked = pool.split(widths, dim=2), picks.split(widths, dim=2)  # [B, 1, W_d] each
-    scores[0].zero_()
+    prev = log_q.new_zeros(batch, 1, 1)  # [B, 1, W_{d-1}]: the root's score
+    scores, picks = [prev], [plan.head_zeros.expand(batch, 1, head)]
     columns = log_q.unsqueeze(3).unbind(1)  # D x [B, K, 1]
     kept = 1
     for d in range(1, len(widths)):
-        # [B, K, W_{d-1}]: flat index k * W_{d-1} + i extends entry i by the rank-k token
-        beam = torch.add(columns[d - 1], scores[d - 1]).view(batch, 1, -1)
+        # [B, 1, K * W_{d-1}]: flat index k * W_{d-1} + i extends entry i by the rank-k token
+        beam = torch.add(columns[d - 1], prev).view(batch, 1, -1)
         if kept < head:
-            scores[d].copy_(beam)
+            prev = beam
             kept += widths[d]
         else:
-            torch.topk(beam, widths[d], dim=2, sorted=False, out=(scores[d], picked[d]))
-    return pool.view(batch, -1), plan.entry_index + picks.view(batch, -1)
+            prev, picked = beam.topk(widths[d], dim=2, sorted=False)  # [B, 1, W_d] each
+            picks.append(picked)
+        scores.append(prev)
+    picked_ids = plan.entry_index + torch.cat(picks, 2).view(batch, -1)
+    return torch.cat(scores, 2).view(batch, -1), picked_ids
 
 
 def _pad(x: torch.Tensor, pad: int, value: float) -> torch.Tensor:
