@@ -179,6 +179,18 @@ def latency_model(args: argparse.Namespace) -> LatencyModel:
     return LatencyModel.uncalibrated(shape, Hardware.lookup(args.gpu), t_aux_ms=args.t_aux_ms)
 
 
+@dataclass
+class _Spent:
+    """The producing policy's kept tokens and cycle milliseconds, summed over the steps."""
+
+    tokens: float = 0.0
+    predicted_ms: float = 0.0  # the profile's cycles
+    recorded_ms: float = 0.0  # the worker's recorded cycles
+    gap_tokens: float = 0.0  # over the steps whose gap to the next step is known:
+    predicted_gap_ms: float = 0.0  # predicted cycle + gap
+    recorded_gap_ms: float = 0.0  # recorded cycle + gap
+
+
 def simulate(
     steps: list[Step], header: dict, model: LatencyModel, sizes: list[int], modes: list[str],
     cycle_scale: float = 1.0,
@@ -195,9 +207,7 @@ def simulate(
             policies[f"{mode} {layout}"] = LiveBudget(mode, n_max, layout, model)
     produced = header["controller"]
     check = {"policy": f"{produced['mode']} (N={produced['max_nodes']})", "steps": 0, "equal": 0}
-    # The producing policy: recorded tokens, predicted ms, recorded ms; then over the steps
-    # whose gap is known: tokens, predicted ms + gap, recorded ms + gap.
-    spent = [0.0] * 6
+    spent = _Spent()  # the producing policy's tokens and milliseconds
     recorder = producing_policy(produced, model)
     totals: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     server: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # policy: tokens, ms
@@ -211,13 +221,13 @@ def simulate(
             width = step.recorded_width
             predicted = float(model.cycle_ms(step.batch_size, width, context)) * cycle_scale
             tokens = float(step.recorded_accept.clamp(max=step.budget).sum())  # what was kept
-            spent[0] += tokens
-            spent[1] += predicted * share
-            spent[2] += (step.cycle_ms or 0.0) * share
+            spent.tokens += tokens
+            spent.predicted_ms += predicted * share
+            spent.recorded_ms += (step.cycle_ms or 0.0) * share
             if step.gap_ms is not None and step.cycle_ms is not None:
-                spent[3] += tokens
-                spent[4] += (predicted + step.gap_ms) * share
-                spent[5] += (step.cycle_ms + step.gap_ms) * share
+                spent.gap_tokens += tokens
+                spent.predicted_gap_ms += (predicted + step.gap_ms) * share
+                spent.recorded_gap_ms += (step.cycle_ms + step.gap_ms) * share
         for name, policy in policies.items():
             accept, width, _ = replay(step, top_k, policy)
             cycle = float(model.cycle_ms(step.batch_size, width, context)) * cycle_scale
@@ -229,12 +239,14 @@ def simulate(
             if step.gap_ms is not None:
                 server[name][0] += float(accept.clamp(max=step.budget).sum())  # what is kept
                 server[name][1] += (cycle + step.gap_ms) * share
-    if spent[1] and spent[2]:
-        check["predicted_tok_s"] = 1e3 * spent[0] / spent[1]
-        check["recorded_tok_s"] = 1e3 * spent[0] / spent[2]  # from the worker's step times
-    if spent[4] and spent[5]:
-        check["predicted_server_tok_s"] = 1e3 * spent[3] / spent[4]
-        check["recorded_server_tok_s"] = 1e3 * spent[3] / spent[5]  # the trace's own clock
+    if spent.predicted_ms and spent.recorded_ms:
+        check["predicted_tok_s"] = 1e3 * spent.tokens / spent.predicted_ms
+        # from the worker's step times
+        check["recorded_tok_s"] = 1e3 * spent.tokens / spent.recorded_ms
+    if spent.predicted_gap_ms and spent.recorded_gap_ms:
+        check["predicted_server_tok_s"] = 1e3 * spent.gap_tokens / spent.predicted_gap_ms
+        # the trace's own clock
+        check["recorded_server_tok_s"] = 1e3 * spent.gap_tokens / spent.recorded_gap_ms
     check["server_tok_s"] = {name: 1e3 * t / ms for name, (t, ms) in server.items() if ms}
     rows = []
     for (name, batch), (tokens, ms, count, nodes) in sorted(

@@ -125,7 +125,7 @@ def measure_method(
         for concurrency in concurrencies:
             progress.set_description(f"{method.name} C={concurrency}")
             num_prompts = prompts_per_cell(args, concurrency)
-            # A round at the cell's concurrency and length first: the batch sizes and tree
+            # Requests at the cell's concurrency and length first: the batch sizes and tree
             # widths of the cell are then no longer new to the server when it is measured.
             warm_up(url, warmup_prompts, concurrency, args.output_len)
             reset_acceptance(url, server_info(url))
@@ -203,7 +203,8 @@ def run_sweep(args: argparse.Namespace) -> tuple[Path, list[str]]:
             if not missing:
                 continue
             try:
-                warm = [p["prompt"] for p in prompts[-max(missing) :]]  # the cells start at the top
+                # Warm-up prompts from the end: the cells' own prompts start at the top.
+                warm = [p["prompt"] for p in prompts[-2 * max(missing) :]]
                 measure_method(method, missing, args, store, dataset, warm, progress)
             except Exception as error:  # one broken method must not lose the others
                 progress.write(f"[{method.name}] FAILED: {error}")

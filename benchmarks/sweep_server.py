@@ -130,10 +130,12 @@ def reset_acceptance(url: str, info: dict) -> None:
 
 
 def warm_up(url: str, prompts: Sequence[str], concurrency: int, max_tokens: int = 8) -> None:
-    """``concurrency`` greedy requests at once, so first-call costs stay out of the measurement.
+    """Two rounds of greedy requests, ``concurrency`` at a time, so first-call costs stay out.
 
     A server pays once for every new pass shape (on CPU, a matmul primitive per token count;
     on GPU, kernel selection): the batch sizes and widths of a cell, met for the first time.
+    Two rounds, as in a cell's own run, let requests join and leave at staggered times, so the
+    smaller batches of a cell's tail are met too.
     """
     body = {"sampling_params": {"max_new_tokens": max_tokens, "temperature": 0}}
 
@@ -141,6 +143,6 @@ def warm_up(url: str, prompts: Sequence[str], concurrency: int, max_tokens: int 
         reply = requests.post(f"{url}/generate", json={"text": prompt, **body}, timeout=600)
         reply.raise_for_status()
 
-    chosen = [prompts[i % len(prompts)] for i in range(concurrency)]
+    chosen = [prompts[i % len(prompts)] for i in range(2 * concurrency)]
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         list(pool.map(generate, chosen))
