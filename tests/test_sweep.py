@@ -8,8 +8,11 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -20,7 +23,7 @@ from sweep_bench import bench_argv, jsonl_prompts, parse_bench_args, write_bench
 from sweep_methods import CPU_STANDINS, parse_methods, server_setup  # noqa: E402
 from sweep_metrics import cell_metrics  # noqa: E402
 from sweep_report import ResultStore, folder_name, write_reports  # noqa: E402
-from sweep_server import group_alive, running_server, stop_group  # noqa: E402
+from sweep_server import group_alive, running_server, stop_group, warm_up  # noqa: E402
 
 DRAFTER = Path("/models/drafter")
 
@@ -279,3 +282,44 @@ def test_stopping_kills_a_group_that_ignores_sigterm(tmp_path: Path) -> None:
     time.sleep(0.5)
     stop_group(proc, grace_s=0.5)
     assert not group_alive(proc.pid)
+
+
+class _CountingGenerate(BaseHTTPRequestHandler):
+    """/generate that records each request and how many were in flight at once."""
+
+    lock = threading.Lock()
+    bodies: ClassVar[list[dict]] = []
+    in_flight = 0
+    most_in_flight = 0
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        cls = type(self)
+        with cls.lock:
+            cls.bodies.append(body)
+            cls.in_flight += 1
+            cls.most_in_flight = max(cls.most_in_flight, cls.in_flight)
+        time.sleep(0.2)  # long enough for the requests of one round to overlap
+        with cls.lock:
+            cls.in_flight -= 1
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        """Quiet."""
+
+
+def test_warm_up_sends_two_rounds_at_the_cells_concurrency_and_length() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _CountingGenerate)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        warm_up(url, ["a", "b", "c"], concurrency=4, max_tokens=96)
+    finally:
+        server.shutdown()
+    bodies = _CountingGenerate.bodies
+    assert len(bodies) == 8
+    assert 1 < _CountingGenerate.most_in_flight <= 4  # concurrent, never above C
+    assert {b["text"] for b in bodies} == {"a", "b", "c"}
+    assert all(b["sampling_params"] == {"max_new_tokens": 96, "temperature": 0} for b in bodies)
