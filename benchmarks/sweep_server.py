@@ -129,7 +129,7 @@ def reset_acceptance(url: str, info: dict) -> None:
     requests.post(f"{url}/set_internal_state", json=body, timeout=60).raise_for_status()
 
 
-def warm_up(url: str, prompts: Sequence[str], concurrency: int, max_tokens: int = 8) -> None:
+def warm_up(url: str, prompts: Sequence[str], concurrency: int, max_tokens: int) -> None:
     """Two rounds of greedy requests, ``concurrency`` at a time, so first-call costs stay out.
 
     A server pays once for every new pass shape (on CPU, a matmul primitive per token count;
