@@ -4,7 +4,9 @@ python benchmarks/bench_tree_builder.py [--quick] [--output-json PATH]
 
 Both builders get the same marginals (softmax of 2 * randn, fixed seed) at D = 15, K = 8,
 V = 300 and return the same TreeBatch; their A_hat curves are checked equal before timing.
-Calls of the two alternate, after a warm-up, and the table reports the medians.
+`build_trees` takes its CPU path (the compiled merge where it was built); the torch pools it
+would take with ``SGLANG_BASTION_DISABLE_KERNELS=1`` are timed beside it. Calls alternate,
+after a warm-up, and the table reports the medians.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from common import markdown_table, write_results
 from heap_builder import heap_build_trees
 
 from sglang_bastion.tree import build_trees
-from sglang_bastion.tree.builder import _choose_groups, _choose_strategy
+from sglang_bastion.tree.builder import _build, _choose_groups, _choose_strategy, _strategy_for
 
 DEPTH, TOP_K, VOCAB = 15, 8, 300
-COLUMNS = ["B", "N", "path", "batched_us", "heap_us", "speedup"]
+COLUMNS = ["B", "N", "path", "batched_us", "torch_pools_us", "heap_us", "speedup"]
 
 
 def interleaved_medians(fns: list[Callable[[], object]], repeats: int, warmup: int) -> list[float]:
@@ -41,14 +43,17 @@ def interleaved_medians(fns: list[Callable[[], object]], repeats: int, warmup: i
 
 
 def check_same_trees(probs: torch.Tensor, roots: torch.Tensor, max_nodes: int) -> None:
-    """Both builders give every request the same node count and the same A_hat curve."""
-    ours = build_trees(probs, roots, top_k=TOP_K, max_nodes=max_nodes)
+    """All three builders give every request the same node count and the same A_hat curve."""
     heap = heap_build_trees(probs, roots, top_k=TOP_K, max_nodes=max_nodes)
-    ours.check()
-    assert torch.equal(ours.num_nodes, heap.num_nodes)
-    torch.testing.assert_close(
-        ours.surrogate().double(), heap.surrogate().double(), rtol=1e-5, atol=1e-6
-    )
+    for ours in (
+        build_trees(probs, roots, top_k=TOP_K, max_nodes=max_nodes),
+        torch_pools(probs, roots, max_nodes),
+    ):
+        ours.check()
+        assert torch.equal(ours.num_nodes, heap.num_nodes)
+        torch.testing.assert_close(
+            ours.surrogate().double(), heap.surrogate().double(), rtol=1e-5, atol=1e-6
+        )
 
 
 def repeat_count(batch: int, quick: bool) -> int:
@@ -61,11 +66,18 @@ def repeats_note(quick: bool) -> str:
     return ", ".join(f"{repeat_count(b, quick)} (B={b})" for b in (1, 8, 64))
 
 
-def path_name(batch: int, max_nodes: int) -> str:
+def path_name(probs: torch.Tensor, roots: torch.Tensor, max_nodes: int) -> str:
     """Which exact path `build_trees` takes at this size (see the builder's docstring)."""
-    strategy = _choose_strategy(DEPTH, TOP_K, max_nodes)
-    grouped = _choose_groups(batch * DEPTH, VOCAB, TOP_K, torch.device("cpu")) > 0
+    strategy = _strategy_for(probs, roots, DEPTH, TOP_K, max_nodes)
+    grouped = _choose_groups(probs.shape[0] * DEPTH, VOCAB, TOP_K, probs.device) > 0
     return strategy + (" + grouped top-K" if grouped else "")
+
+
+def torch_pools(probs: torch.Tensor, roots: torch.Tensor, max_nodes: int) -> object:
+    """`build_trees` on the torch pools it takes with the compiled kernels disabled."""
+    strategy = _choose_strategy(DEPTH, TOP_K, max_nodes)
+    groups = _choose_groups(probs.shape[0] * DEPTH, VOCAB, TOP_K, probs.device)
+    return _build(probs, roots, TOP_K, max_nodes, strategy, groups)
 
 
 def main() -> None:
@@ -85,9 +97,10 @@ def main() -> None:
         roots = torch.zeros(batch, dtype=torch.long)
         check_same_trees(probs, roots, max_nodes)
         repeats = repeat_count(batch, args.quick)
-        batched_us, heap_us = interleaved_medians(
+        batched_us, torch_us, heap_us = interleaved_medians(
             [
                 lambda p=probs, r=roots, n=max_nodes: build_trees(p, r, top_k=TOP_K, max_nodes=n),
+                lambda p=probs, r=roots, n=max_nodes: torch_pools(p, r, n),
                 lambda p=probs, r=roots, n=max_nodes: heap_build_trees(
                     p, r, top_k=TOP_K, max_nodes=n
                 ),
@@ -99,8 +112,9 @@ def main() -> None:
             {
                 "B": batch,
                 "N": max_nodes,
-                "path": path_name(batch, max_nodes),
+                "path": path_name(probs, roots, max_nodes),
                 "batched_us": batched_us,
+                "torch_pools_us": torch_us,
                 "heap_us": heap_us,
                 "speedup": heap_us / batched_us,
             }
@@ -119,7 +133,10 @@ def main() -> None:
             md.write(
                 f"\nMicroseconds per call: medians of {repeats_note(args.quick)} calls of each "
                 "builder taken in turn, after a warm-up, on the same inputs; both builders are "
-                "first checked to give every request the same A_hat curve. Heap faster at: "
+                "first checked to give every request the same A_hat curve. `batched_us` is "
+                "`build_trees` as dispatched (path column), `torch_pools_us` the torch pools it "
+                "uses with SGLANG_BASTION_DISABLE_KERNELS=1, and speedup is heap_us / "
+                "batched_us. Heap faster at: "
                 f"{', '.join(slower) or 'none'}.\n"
             )
         print(f"wrote {path} and {path.with_suffix('.md')}")

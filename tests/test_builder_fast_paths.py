@@ -1,7 +1,8 @@
 """build_trees' interchangeable exact paths agree with a heap and with each other.
 
-From the static sizes alone the builder picks a fixed lattice pool or a per-depth beam, and
-one top-K per vocabulary row or a grouped two-stage top-K. Every combination is forced here on
+From the static sizes alone the builder picks a fixed lattice pool or a per-depth beam (the
+compiled lazy merge for CPU tensors), and one top-K per vocabulary row or a grouped two-stage
+top-K. Every combination is forced here on
 small random inputs, ties and zero / one probabilities included.
 """
 
@@ -15,7 +16,9 @@ from helpers import MARGINAL_KINDS, random_marginals
 
 from sglang_bastion.tree import builder
 
-PATHS = [(strategy, grouped) for strategy in ("lattice", "beam") for grouped in (False, True)]
+PATHS = [
+    (strategy, grouped) for strategy in ("lattice", "beam", "merge") for grouped in (False, True)
+]
 
 
 def mixed_marginals(batch: int, depth: int, vocab: int, seed: int) -> torch.Tensor:
@@ -95,12 +98,23 @@ def test_paths_agree_at_benchmark_shapes():
     gen = torch.Generator().manual_seed(1)
     probs = torch.softmax(2 * torch.randn(3, 15, 300, generator=gen), dim=-1)
     for max_nodes in (16, 64):
-        strategies = ("lattice", "beam") if max_nodes == 16 else ("beam",)
+        strategies = ("lattice", "beam", "merge") if max_nodes == 16 else ("beam", "merge")
         trees = [build(probs, 8, max_nodes, s, g) for s in strategies for g in (False, True)]
         for tree in trees:
             tree.check()
             torch.testing.assert_close(tree.surrogate(), trees[0].surrogate())
         check_against_heap(probs, 8, max_nodes, trees[-1])
+
+
+def test_merge_trees_equal_the_torch_pools_at_benchmark_shapes():
+    # Scores are continuous here, so no two nodes tie: every field must agree exactly.
+    gen = torch.Generator().manual_seed(2)
+    probs = torch.softmax(3 * torch.randn(4, 15, 300, generator=gen), dim=-1)
+    for max_nodes in (1, 2, 16, 64, 256):
+        want = build(probs, 8, max_nodes, builder._choose_strategy(15, 8, max_nodes), False)
+        got = build(probs, 8, max_nodes, "merge", False)
+        for field in ("token_ids", "parents", "depths", "log_scores", "num_nodes"):
+            assert torch.equal(getattr(got, field), getattr(want, field)), field
 
 
 def test_static_choices():
@@ -111,6 +125,27 @@ def test_static_choices():
     assert builder._choose_groups(64 * 15 * threads**2, 300, 8, cpu) == 50  # groups of 6
     assert builder._choose_groups(64 * 15 * threads**2, 307, 8, cpu) == 0  # V prime: no groups
     assert builder._choose_groups(64 * 15, 300, 8, torch.device("meta")) == 0  # CPU only
+
+
+def test_cpu_tensors_take_the_compiled_merge_unless_kernels_are_disabled(monkeypatch):
+    probs, roots = torch.rand(1, 15, 300), torch.zeros(1, dtype=torch.long)
+    assert builder._compiled() is not None, "the C extension was not built: pip install -e ."
+    assert builder._strategy_for(probs, roots, 15, 8, 64) == "merge"
+    monkeypatch.setenv("SGLANG_BASTION_DISABLE_KERNELS", "1")
+    assert builder._strategy_for(probs, roots, 15, 8, 64) == "beam"
+    assert builder._strategy_for(probs, roots, 15, 8, 16) == "lattice"
+    meta = probs.to("meta")
+    monkeypatch.delenv("SGLANG_BASTION_DISABLE_KERNELS")
+    assert builder._strategy_for(meta, roots.to("meta"), 15, 8, 64) == "beam"  # not on CPU
+
+
+def test_merge_refuses_a_tree_larger_than_the_lattice():
+    log_q = torch.rand(1, 2, 2).sort(dim=-1, descending=True).values.log()  # lattice: 7 nodes
+    tokens, roots = torch.ones(1, 2, 2, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+    outputs = [torch.empty(1, 9, dtype=torch.long) for _ in range(3)] + [torch.empty(1, 9)]
+    addresses = [t.data_ptr() for t in (log_q, tokens, roots, *outputs)]
+    with pytest.raises(ValueError, match="exceeds the number of nodes"):
+        builder._compiled().build(*addresses, 1, 2, 2, 8, 9)
 
 
 @pytest.mark.parametrize("order", ["chain_then_fan", "fan_then_chain", "alternating"])
@@ -127,4 +162,5 @@ def test_narrow_beams_hold_every_tree_size_when_all_scores_tie(order):
     }[order]
     probs = torch.cat(pattern, dim=1)
     for max_nodes in range(1, 70, 2):
-        check_against_heap(probs, 4, max_nodes, build(probs, 4, max_nodes, "beam", False))
+        for strategy in ("beam", "merge"):
+            check_against_heap(probs, 4, max_nodes, build(probs, 4, max_nodes, strategy, False))

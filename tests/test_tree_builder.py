@@ -5,6 +5,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import os
+from contextlib import AbstractContextManager
+from unittest import mock
 
 import pytest
 import torch
@@ -36,6 +39,15 @@ def heap_path_scores(probs: torch.Tensor, top_k: int, max_nodes: int) -> list[fl
     return rhos
 
 
+# On CPU tensors build_trees runs the compiled merge; with kernels disabled, the torch pools.
+CPU_BUILDERS = {"compiled": "0", "torch": "1"}
+
+
+def cpu_builder(name: str) -> AbstractContextManager:
+    """Context in which build_trees uses the named CPU implementation."""
+    return mock.patch.dict(os.environ, {"SGLANG_BASTION_DISABLE_KERNELS": CPU_BUILDERS[name]})
+
+
 def assert_matches_heap(probs: torch.Tensor, top_k: int, max_nodes: int) -> None:
     batch = probs.shape[0]
     trees = build_trees(probs, torch.arange(batch), top_k=top_k, max_nodes=max_nodes)
@@ -49,6 +61,7 @@ def assert_matches_heap(probs: torch.Tensor, top_k: int, max_nodes: int) -> None
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("implementation", CPU_BUILDERS)
 @settings(max_examples=150, deadline=None)
 @given(
     batch=st.integers(1, 5),
@@ -60,24 +73,30 @@ def assert_matches_heap(probs: torch.Tensor, top_k: int, max_nodes: int) -> None
     seed=st.integers(0, 2**31 - 1),
 )
 def test_surrogate_matches_heap_builder_for_every_prefix(
-    batch, depth, vocab, k, max_nodes, kind, seed
+    implementation, batch, depth, vocab, k, max_nodes, kind, seed
 ):
     probs = random_marginals(batch, depth, vocab, kind, torch.Generator().manual_seed(seed))
-    assert_matches_heap(probs, min(k, vocab), max_nodes)
+    with cpu_builder(implementation):
+        assert_matches_heap(probs, min(k, vocab), max_nodes)
 
 
+@pytest.mark.parametrize("implementation", CPU_BUILDERS)
 @pytest.mark.parametrize("max_nodes", [16, 64, 256])
-def test_surrogate_matches_heap_builder_at_batch_64(max_nodes):
+def test_surrogate_matches_heap_builder_at_batch_64(implementation, max_nodes):
     probs = random_marginals(64, 15, 300, "smooth", torch.Generator().manual_seed(max_nodes))
-    assert_matches_heap(probs * 3, 8, max_nodes)  # unnormalised scale must not matter for order
+    with cpu_builder(implementation):
+        assert_matches_heap(probs * 3, 8, max_nodes)  # unnormalised scale must not matter
 
 
-def test_ties_keep_parents_before_children():
+@pytest.mark.parametrize("implementation", CPU_BUILDERS)
+def test_ties_keep_parents_before_children(implementation):
     probs = random_marginals(3, 6, 5, "one_hot", torch.Generator().manual_seed(0))
-    trees = build_trees(probs, torch.zeros(3, dtype=torch.long), top_k=3, max_nodes=40)
+    with cpu_builder(implementation):
+        trees = build_trees(probs, torch.zeros(3, dtype=torch.long), top_k=3, max_nodes=40)
     trees.check()
 
 
+@pytest.mark.parametrize("implementation", CPU_BUILDERS)
 @settings(max_examples=60, deadline=None)
 @given(
     kind=st.sampled_from(MARGINAL_KINDS),
@@ -85,9 +104,12 @@ def test_ties_keep_parents_before_children():
     k=st.integers(1, 4),
     max_nodes=st.integers(1, 30),
 )
-def test_every_node_is_a_top_k_token_with_consistent_log_score(kind, seed, k, max_nodes):
+def test_every_node_is_a_top_k_token_with_consistent_log_score(
+    implementation, kind, seed, k, max_nodes
+):
     probs = random_marginals(4, 5, 9, kind, torch.Generator().manual_seed(seed))
-    trees = build_trees(probs, torch.full((4,), 7), top_k=k, max_nodes=max_nodes)
+    with cpu_builder(implementation):
+        trees = build_trees(probs, torch.full((4,), 7), top_k=k, max_nodes=max_nodes)
     kth = probs.topk(k, dim=-1).values[..., -1]  # [B, D]: the K-th largest q per position
     for b in range(4):
         for i in range(1, int(trees.num_nodes[b])):
@@ -105,9 +127,11 @@ def test_every_node_is_a_top_k_token_with_consistent_log_score(kind, seed, k, ma
 @pytest.mark.parametrize(
     ("depth", "k", "max_nodes"), [(3, 2, 100), (4, 1, 3), (4, 1, 50), (0, 3, 4)]
 )
-def test_num_nodes_is_capped_by_the_lattice(depth, k, max_nodes):
+@pytest.mark.parametrize("implementation", CPU_BUILDERS)
+def test_num_nodes_is_capped_by_the_lattice(implementation, depth, k, max_nodes):
     probs = torch.softmax(torch.randn(2, depth, 6), dim=-1)
-    trees = build_trees(probs, torch.zeros(2, dtype=torch.long), top_k=k, max_nodes=max_nodes)
+    with cpu_builder(implementation):
+        trees = build_trees(probs, torch.zeros(2, dtype=torch.long), top_k=k, max_nodes=max_nodes)
     expected = min(max_nodes, lattice_size(depth, k))
     assert trees.num_nodes.tolist() == [expected, expected]
     assert trees.max_nodes == max_nodes

@@ -17,6 +17,13 @@ sizes alone:
   W_d nodes and the ancestors they need number at least N, so a full beam already holds N
   nodes at least as good as any it drops: 212-223 at N = 256 rather than N - 1.
 
+* ``"merge"`` (CPU tensors, compiled C in ``kernels/tree_build_cpu.c``): each depth's nodes
+  best first, as a merge of K sorted lists over the depth above, produced lazily; the tree is
+  the merge of those D + 1 lists. It visits about N + K * D nodes per request where the pools
+  hold thousands, and it exists because at B = 1 the torch beam is D - 1 sequential steps of
+  a few microseconds of dispatch each, slower than a Python heap. Set
+  ``SGLANG_BASTION_DISABLE_KERNELS=1`` to run the torch pools on CPU instead.
+
 The top-K of each position is one `torch.topk` per row or, for large B * D * V, a two-stage
 top-K over strided vocabulary groups (the K best entries lie in the K groups with the best
 maxima). The final selection is one top-k over a float64 key that adds the depth tie-break
@@ -37,7 +44,7 @@ import torch
 
 from sglang_bastion.tree.batch import TreeBatch
 
-Strategy = Literal["lattice", "beam"]
+Strategy = Literal["lattice", "beam", "merge"]
 
 # Above this many fixed-pool nodes the beam is cheaper (N = 16 needs 294 at D = 15, K = 8).
 _LATTICE_POOL_LIMIT = 2048
@@ -130,6 +137,27 @@ def _choose_strategy(depth: int, top_k: int, max_nodes: int) -> Strategy:
     return "lattice" if small else "beam"
 
 
+def _strategy_for(
+    data: torch.Tensor, root_tokens: torch.Tensor, depth: int, top_k: int, max_nodes: int
+) -> Strategy:
+    """The compiled merge for CPU tensors where it was built, else the cheaper torch pool."""
+    from sglang_bastion.kernels.dispatch import use_compiled_cpu  # kernels import this module
+
+    if use_compiled_cpu(data, root_tokens) and _compiled() is not None:
+        return "merge"
+    return _choose_strategy(depth, top_k, max_nodes)
+
+
+@lru_cache(maxsize=1)
+def _compiled():
+    """The compiled CPU builder (``kernels/tree_build_cpu.c``), or None if it was not built."""
+    try:
+        from sglang_bastion.kernels import _tree_build_cpu
+    except ImportError:
+        return None
+    return _tree_build_cpu
+
+
 def _choose_groups(rows: int, vocab: int, top_k: int, device: torch.device) -> int:
     """Vocabulary groups for the two-stage top-K (CPU only), or 0 for one top-k per row."""
     if device.type != "cpu" or rows * vocab < _GROUPED_TOP_K_MIN * torch.get_num_threads() ** 2:
@@ -218,7 +246,7 @@ def build_trees(
         raise ValueError(f"top_k must be in [1, vocab size {vocab}], got {top_k}")
     if max_nodes < 1:
         raise ValueError(f"max_nodes must be at least 1 (the root), got {max_nodes}")
-    strategy = _choose_strategy(depth, top_k, max_nodes)
+    strategy = _strategy_for(probs, root_tokens, depth, top_k, max_nodes)
     groups = _choose_groups(batch * depth, vocab, top_k, probs.device)
     return _build(probs, root_tokens, top_k, max_nodes, strategy, groups)
 
@@ -235,7 +263,7 @@ def build_trees_from_top_k(
         )
     if max_nodes < 1:
         raise ValueError(f"max_nodes must be at least 1, got {max_nodes}")
-    strategy = _choose_strategy(depth, top_k, max_nodes)
+    strategy = _strategy_for(top_q, root_tokens, depth, top_k, max_nodes)
     return _build_from_top_k(top_q, top_tokens, root_tokens, max_nodes, strategy)
 
 
@@ -261,6 +289,8 @@ def _build_from_top_k(
     strategy: Strategy,
 ) -> TreeBatch:
     """The best-first trees of [B, D, K] top-K marginals under a given pool strategy."""
+    if strategy == "merge":
+        return _merge_build(top_q, top_tokens, root_tokens, max_nodes)
     batch, depth, top_k = top_q.shape
     plan = _make_plan(strategy, depth, top_k, max_nodes, top_q.device)
     size = plan.size
@@ -291,6 +321,38 @@ def _build_from_top_k(
         log_scores=_pad(pool.gather(1, order), pad, float("-inf")),
         num_nodes=torch.full((batch,), size, dtype=torch.long, device=top_q.device),
     )
+
+
+def _merge_build(
+    top_q: torch.Tensor, top_tokens: torch.Tensor, root_tokens: torch.Tensor, max_nodes: int
+) -> TreeBatch:
+    """The beam pool's trees from CPU [B, D, K] top-K, by the compiled merges."""
+    batch, depth, top_k = top_q.shape
+    size = min(max_nodes, lattice_size(depth, top_k))
+    with torch.inference_mode():
+        log_q = top_q.float().log().contiguous()  # [B, D, K]
+        tokens = top_tokens.to(torch.long).contiguous()  # [B, D, K]
+        roots = root_tokens.to(torch.long).contiguous()  # [B]
+    token_ids = torch.empty(batch, max_nodes, dtype=torch.long)  # [B, N] each, written in C
+    parents = torch.empty(batch, max_nodes, dtype=torch.long)
+    depths = torch.empty(batch, max_nodes, dtype=torch.long)
+    log_scores = torch.empty(batch, max_nodes, dtype=torch.float32)
+    _compiled().build(
+        log_q.data_ptr(),
+        tokens.data_ptr(),
+        roots.data_ptr(),
+        token_ids.data_ptr(),
+        parents.data_ptr(),
+        depths.data_ptr(),
+        log_scores.data_ptr(),
+        batch,
+        depth,
+        top_k,
+        size,
+        max_nodes,
+    )
+    num_nodes = torch.full((batch,), size, dtype=torch.long)
+    return TreeBatch(token_ids, parents, depths, log_scores, num_nodes)
 
 
 def _top_k(probs: torch.Tensor, top_k: int, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
