@@ -61,6 +61,7 @@ class Step:
     cycle_ms: float | None
     gap_ms: float | None  # server time from this step's end to the next step's start
     budget: torch.Tensor  # [b] tokens each request could still emit (a huge number if unknown)
+    overhead_ms: float = 0.0  # the measured step overhead the producing controller priced
 
 
 def load_steps(paths: list[Path], idle_gap_s: float = 1.0) -> tuple[dict, list[Step]]:
@@ -130,6 +131,7 @@ def _step(
         cycle_ms=record.get("cycle_ms"),
         gap_ms=gap_ms,
         budget=torch.tensor([_budget(record, i) for i in keep]),
+        overhead_ms=record.get("overhead_ms") or 0.0,
     )
 
 
@@ -215,6 +217,7 @@ def simulate(
         share = len(step.roots) / step.batch_size  # the greedy requests' part of the step
         context = float(step.context_lens.float().mean())
         if recorder is not None:
+            recorder.overhead_ms = {len(step.roots): step.overhead_ms}  # as the server priced it
             got, _, _ = replay(step, top_k, recorder)
             check["steps"] += 1
             check["equal"] += int(torch.equal(got, step.recorded_accept))
@@ -274,6 +277,7 @@ def producing_policy(produced: dict, model: LatencyModel) -> LiveBudget | None:
     if produced["mode"] == "fixed":
         return LiveBudget("fixed", int(produced["max_nodes"]))
     if produced["mode"] == "static":  # exact when the replay uses the server's profile
+        # (and each step's measured overhead, which the trace records and `simulate` sets)
         return LiveBudget("static", int(produced["max_nodes"]), produced["layout"], model)
     return None  # ema modes depend on the observed times of every earlier step
 

@@ -81,4 +81,7 @@ def cell_metrics(
     }
     if deltas is not None:
         cell["bastion_deltas"] = deltas
+    controller = (scheduler_state(after).get("bastion") or {}).get("controller") or {}
+    if controller.get("overhead_ms"):  # what the adaptive controller had measured by the end
+        cell["controller_overhead_ms"] = controller["overhead_ms"]
     return cell

@@ -7,7 +7,8 @@ version elsewhere. The ``*_triton`` versions also run on CPU under ``TRITON_INTE
 
 - `draft_head_topk` / `topk_softmax`: top-K tokens and full-vocabulary probabilities;
   `shard_top_k` / `merge_shard_top_k`: the same over a tensor-parallel LM head's shards.
-- `build_trees_from_top_k`: `build_trees` from [B, D, K] top-K instead of [B, D, V].
+- `build_trees_from_top_k`: `build_trees` from [B, D, K] top-K instead of [B, D, V]; on CPU
+  tensors it runs `tree_build_cpu.c`, a C extension compiled at install (not Triton).
 - `verify_inputs`: `linearize` (mask, positions, retrieve arrays) in one launch.
 - `accept`: `accept_path` plus the KV-slot moves in one launch.
 - `split_tree_attention`: dense prefix pass + masked tree block, merged by log-sum-exp.

@@ -55,9 +55,16 @@ def tree_size(depth: int, top_k: int, max_nodes: int, device: torch.device) -> i
 def build_trees_from_top_k_reference(
     top_q: torch.Tensor, top_tokens: torch.Tensor, root_tokens: torch.Tensor, *, max_nodes: int
 ) -> TreeBatch:
-    """`build_trees` from [B, D, K] descending top-K probabilities and their [B, D, K] tokens."""
+    """`build_trees` from [B, D, K] descending top-K probabilities and their [B, D, K] tokens.
+
+    Always the torch pools, on any device (on CPU tensors `build_trees` itself takes the
+    compiled merge of ``tree_build_cpu.c``, which the dispatcher below uses).
+    """
     _check(top_q, top_tokens, root_tokens)
-    return builder.build_trees_from_top_k(top_q, top_tokens, root_tokens, max_nodes=max_nodes)
+    if max_nodes < 1:
+        raise ValueError(f"max_nodes must be at least 1, got {max_nodes}")
+    strategy = _choose_strategy(top_q.shape[1], top_q.shape[2], max_nodes)
+    return builder._build_from_top_k(top_q, top_tokens, root_tokens, max_nodes, strategy)
 
 
 def build_trees_from_top_k_triton(
@@ -94,10 +101,11 @@ def build_trees_from_top_k_triton(
 def build_trees_from_top_k(
     top_q: torch.Tensor, top_tokens: torch.Tensor, root_tokens: torch.Tensor, *, max_nodes: int
 ) -> TreeBatch:
-    """Best-first trees from top-K marginals: Triton on CUDA, the torch reference elsewhere."""
+    """Best-first trees from top-K marginals: Triton on CUDA, the compiled merge on CPU."""
     if use_triton(top_q, top_tokens):
         return build_trees_from_top_k_triton(top_q, top_tokens, root_tokens, max_nodes=max_nodes)
-    return build_trees_from_top_k_reference(top_q, top_tokens, root_tokens, max_nodes=max_nodes)
+    _check(top_q, top_tokens, root_tokens)
+    return builder.build_trees_from_top_k(top_q, top_tokens, root_tokens, max_nodes=max_nodes)
 
 
 @triton.jit

@@ -12,6 +12,7 @@ ENV_PROFILE = "SGLANG_BASTION_PROFILE"
 ENV_MODE = "SGLANG_BASTION_MODE"
 ENV_LAYOUT = "SGLANG_BASTION_LAYOUT"
 ENV_EMA_ALPHA = "SGLANG_BASTION_EMA_ALPHA"
+ENV_MEASURE_OVERHEAD = "SGLANG_BASTION_MEASURE_OVERHEAD"
 ENV_TRACE = "SGLANG_BASTION_TRACE"
 ENV_TRACE_STEPS = "SGLANG_BASTION_TRACE_STEPS"
 # Set by the launcher once it has resolved N (--speculative-num-draft-tokens), for the worker.
@@ -32,6 +33,7 @@ class BastionOptions:
     mode: str | None = None  # None: "static" with a profile, else "fixed"
     layout: str = "uniform"  # one width per batch, or per-request first-drop sizes
     ema_alpha: float = 0.1  # weight of the newest observed/predicted ratio (ema modes)
+    measure_overhead: bool = True  # price the measured per-step time the profile leaves out
     trace: str | None = None  # JSONL file the worker appends one record per step to
     trace_steps: int = 5000  # at most this many steps are traced
 
@@ -51,6 +53,7 @@ class BastionOptions:
             mode=(os.environ.get(ENV_MODE) or "").strip().lower() or None,
             layout=(os.environ.get(ENV_LAYOUT) or cls.layout).strip().lower(),
             ema_alpha=_float_env(ENV_EMA_ALPHA, cls.ema_alpha),
+            measure_overhead=_bool_env(ENV_MEASURE_OVERHEAD, cls.measure_overhead),
             trace=os.environ.get(ENV_TRACE) or None,
             trace_steps=_int_env(ENV_TRACE_STEPS, cls.trace_steps),
         )
@@ -86,6 +89,18 @@ def _int_env(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} must be an integer") from None
+
+
+def _bool_env(name: str, default: bool) -> bool:
+    """A 0/1 environment variable, or ``default`` when unset."""
+    raw = (os.environ.get(name) or "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={raw!r} must be 0 or 1")
 
 
 def _float_env(name: str, default: float) -> float:

@@ -42,7 +42,7 @@ def make_budget(worker: Any, options: BastionOptions, max_nodes: int) -> LiveBud
     model = LatencyModel.from_profile(profile, ModelShape.from_hf_config(target_config))
     return LiveBudget(
         mode=mode, max_nodes=max_nodes, layout=options.layout, model=model,
-        ema_alpha=options.ema_alpha,
+        ema_alpha=options.ema_alpha, measure_overhead=options.measure_overhead,
     )  # fmt: skip
 
 
@@ -53,6 +53,7 @@ def profile_summary(budget: LiveBudget, options: BastionOptions) -> dict[str, An
         "layout": budget.layout,
         "max_nodes": budget.max_nodes,
         "profile": options.profile if budget.model is not None else None,
+        "measure_overhead": budget.measure_overhead,
     }
     if budget.model is not None:
         summary["hardware"] = budget.model.hardware.name

@@ -107,6 +107,8 @@ class BastionWorker(DFlashWorkerV2):
         self.top_k = self.options.top_k
         self.budget: LiveBudget = make_budget(self, self.options, self.max_nodes)
         self.stats = BastionStats()
+        # (start, decision, batch size) of the last decode step, while no prefill has run since
+        self._period: tuple[float, Decision, int] | None = None
         self.profile_info = profile_summary(self.budget, self.options)
         self.trace = None
         if self.options.trace and get_parallel().tp_rank == 0:  # ranks step in lockstep
@@ -121,7 +123,8 @@ class BastionWorker(DFlashWorkerV2):
 
     def bastion_state(self) -> dict[str, Any]:
         """The controller's identity and running averages (SGLang's /server_info)."""
-        controller = {**self.profile_info, "gamma": self.budget.gamma}
+        overhead = {str(b): round(ms, 3) for b, ms in sorted(self.budget.overhead_ms.items())}
+        controller = {**self.profile_info, "gamma": self.budget.gamma, "overhead_ms": overhead}
         return {"controller": controller, "top_k": self.top_k, **self.stats.as_dict()}
 
     def _maybe_build_draft_sampler(self, *args: Any, **kwargs: Any) -> None:
@@ -137,11 +140,13 @@ class BastionWorker(DFlashWorkerV2):
     ) -> GenerationBatchResult:
         """Prefill as DFlash does; decode with one BASTION tree step."""
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            self._period = None  # the next decode period would include this prefill
             return super().forward_batch_generation(
                 batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
                 pp_proxy_tensors=pp_proxy_tensors,
             )  # fmt: skip
         if batch.forward_mode.is_idle() or batch.spec_info is None:
+            self._period = None
             return super().forward_batch_generation(batch, on_publish=on_publish)
         return self._tree_step(batch)
 
@@ -163,7 +168,11 @@ class BastionWorker(DFlashWorkerV2):
         trees = build_trees_from_top_k(
             top_q, top_ids, draft_input.bonus_tokens.to(torch.long), max_nodes=self.max_nodes
         )
+        if self._period is not None:  # the previous decode step's full period ends here
+            last_start, last_decision, last_bs = self._period
+            self.budget.observe_period(last_decision, last_bs, (started - last_start) * 1e3)
         decision = self._decide(trees, batch_size=bs, context_lens=prefix_cpu)  # host copy: no sync
+        self._period = (started, decision, bs)
         trees = trees.truncate(decision.sizes).narrow(decision.width)
         width = decision.width
         debug = logger.isEnabledFor(logging.DEBUG)
@@ -265,6 +274,7 @@ class BastionWorker(DFlashWorkerV2):
             "emitted": [row[:n] for row, n in zip(out_tokens.tolist(), lens, strict=True)],
             "budgets": [_token_budget(req) for req in batch.reqs],
             "predicted_verify_ms": decision.predicted_verify_ms,
+            "overhead_ms": decision.overhead_ms,
             **timing,
         })  # fmt: skip
 

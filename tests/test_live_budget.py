@@ -121,3 +121,56 @@ def test_adaptive_widths_come_from_the_ladder(layout):
 def test_widths_outside_the_tree_budget_are_refused():
     with pytest.raises(ValueError, match="widths must lie in"):
         LiveBudget("static", 16, model=model(), widths=(4, 32))
+
+
+def test_a_measured_period_becomes_the_batch_sizes_overhead_then_an_ema():
+    budget = LiveBudget("static", 64, "uniform", model(), ema_alpha=0.5, measure_overhead=True)
+    decision = budget.decide(trees(4), torch.full((4,), 128))
+    cycle = decision.predicted_cycle_ms
+    budget.observe_period(decision, 4, cycle + 6.0)
+    assert budget.overhead_ms == {4: pytest.approx(6.0)}
+    budget.observe_period(decision, 4, cycle + 2.0)
+    assert budget.overhead_ms[4] == pytest.approx(4.0)
+
+
+def test_the_overhead_is_added_to_the_priced_cycle():
+    budget = LiveBudget("static", 64, "uniform", model(), measure_overhead=True)
+    bare = budget.decide(trees(4), torch.full((4,), 128))
+    budget.overhead_ms[4] = 7.0
+    priced = budget.decide(trees(4), torch.full((4,), 128))
+    assert priced.overhead_ms == 7.0
+    assert priced.predicted_verify_ms == pytest.approx(
+        float(model().cycle_ms(4, priced.width, 128.0)) - model().aux_ms(4)
+    )
+    if priced.width == bare.width:
+        assert priced.predicted_cycle_ms == pytest.approx(bare.predicted_cycle_ms + 7.0)
+
+
+def test_a_larger_step_overhead_makes_the_controller_choose_larger_trees():
+    budget = LiveBudget("static", 64, "uniform", model(), measure_overhead=True)
+    widths = []
+    for overhead in (0.0, 20.0, 200.0):
+        budget.overhead_ms[16] = overhead
+        widths.append(budget.decide(trees(16), torch.full((16,), 512)).width)
+    assert widths == sorted(widths) and widths[0] < widths[-1]
+
+
+def test_the_overhead_is_not_measured_unless_asked():
+    budget = LiveBudget("static", 64, "uniform", model())
+    decision = budget.decide(trees(4), torch.full((4,), 128))
+    budget.observe_period(decision, 4, decision.predicted_cycle_ms + 6.0)
+    assert budget.overhead_ms == {}
+
+
+def test_a_stalled_period_is_not_taken_as_overhead():
+    budget = LiveBudget("static", 64, "uniform", model(), measure_overhead=True)
+    decision = budget.decide(trees(4), torch.full((4,), 128))
+    budget.observe_period(decision, 4, 10 * decision.predicted_cycle_ms)
+    assert budget.overhead_ms == {}
+
+
+def test_an_unseen_batch_size_borrows_the_nearest_measured_overhead():
+    budget = LiveBudget("static", 64, "uniform", model(), measure_overhead=True)
+    budget.overhead_ms.update({2: 1.0, 8: 5.0})
+    assert [budget.step_overhead_ms(b) for b in (1, 2, 4, 6, 64)] == [1.0, 1.0, 1.0, 5.0, 5.0]
+    assert LiveBudget("static", 64, "uniform", model()).step_overhead_ms(4) == 0.0

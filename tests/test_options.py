@@ -9,7 +9,8 @@ from sglang_bastion.options import BastionOptions
 
 def options(monkeypatch, **env: str) -> BastionOptions:
     """Options read from exactly ``env``."""
-    for name in ("TOPK", "MODE", "PROFILE", "LAYOUT", "EMA_ALPHA", "TRACE", "TRACE_STEPS"):
+    names = ("TOPK", "MODE", "PROFILE", "LAYOUT", "EMA_ALPHA", "TRACE", "TRACE_STEPS")
+    for name in (*names, "MEASURE_OVERHEAD"):
         monkeypatch.delenv(f"SGLANG_BASTION_{name}", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(f"SGLANG_BASTION_{name}", value)
@@ -46,3 +47,14 @@ def test_out_of_range_knobs_are_refused_by_name(monkeypatch, env, message):
 def test_a_non_number_is_refused_by_name(monkeypatch):
     with pytest.raises(ValueError, match="SGLANG_BASTION_TRACE_STEPS='many' must be an integer"):
         options(monkeypatch, TRACE_STEPS="many")
+
+
+def test_the_step_overhead_is_measured_unless_switched_off(monkeypatch):
+    assert options(monkeypatch).measure_overhead is True
+    assert options(monkeypatch, MEASURE_OVERHEAD="0").measure_overhead is False
+    assert options(monkeypatch, MEASURE_OVERHEAD="1").measure_overhead is True
+
+
+def test_a_non_boolean_overhead_switch_is_refused_by_name(monkeypatch):
+    with pytest.raises(ValueError, match="SGLANG_BASTION_MEASURE_OVERHEAD='maybe' must be 0 or 1"):
+        options(monkeypatch, MEASURE_OVERHEAD="maybe")

@@ -231,3 +231,11 @@ def test_the_adaptive_controller_verifies_smaller_trees_for_bigger_batches(adapt
     run_all(adaptive_url, [{"prompt": p, "max_tokens": 32} for p in prompts])
     together = bastion_counters(adaptive_url)
     assert mean_tree_size(alone, together) < mean_tree_size(first, alone)
+
+
+def test_the_adaptive_server_measures_the_step_time_its_profile_leaves_out(adaptive_url):
+    run_all(adaptive_url, [{"prompt": p, "max_tokens": 32} for p in PROMPTS[:2]])
+    controller = bastion_counters(adaptive_url)["controller"]
+    assert controller["measure_overhead"] is True
+    assert controller["overhead_ms"], "no decode-step period was measured"
+    assert all(int(b) >= 1 and isinstance(ms, float) for b, ms in controller["overhead_ms"].items())

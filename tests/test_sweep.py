@@ -115,6 +115,15 @@ def test_bastion_cells_take_acceptance_and_tree_size_from_counter_deltas() -> No
     assert cell["accept_source"] == cell["tree_source"] == "bastion counters"
 
 
+def test_adaptive_cells_record_the_step_overhead_the_controller_measured() -> None:
+    counters = {"request_steps": 10, "tree_nodes": 100, "accepted_tokens": 20}
+    after = info({**counters, "request_steps": 20, "controller": {"overhead_ms": {"4": 9.5}}})
+    cell = cell_metrics("bastion-adaptive", "BASTION", 4, bench_result(), info(counters), after)
+    assert cell["controller_overhead_ms"] == {"4": 9.5}
+    fixed = cell_metrics("bastion-8", "BASTION", 4, bench_result(), info(counters), info(counters))
+    assert "controller_overhead_ms" not in fixed
+
+
 def test_without_bastion_counters_cells_fall_back_to_sglang_reporting() -> None:
     cell = cell_metrics("dflash", "DFLASH", 1, bench_result(accept_length=3.25), info(), info())
     assert cell["accept_len"] == 3.25 and cell["accept_source"] == "sglang avg_spec_accept_length"

@@ -14,6 +14,13 @@ target pass). Modes:
     pads the others).
   The ema modes scale the verify prediction by gamma, updated from observed verify times.
 
+The model prices the draft (T_aux) and the verify pass; a served decode step also spends time
+the profile cannot see: acceptance, KV moves, the scheduler and output processing between two
+steps. With ``measure_overhead`` (the server's default) every adaptive mode adds that time as
+measured: the period from one decode step's start to the next (when no prefill ran between
+them) minus the model's cycle for the step, an EMA per batch size. Leaving it out prices a
+larger tree as a larger share of the step than it is, and the controller undershoots.
+
 The adaptive widths come from a short ladder (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... and N):
 every distinct pass shape costs once (kernel primitives built on first use on CPU, one CUDA
 graph per width on GPU), and a width that changes every step would keep paying that.
@@ -46,7 +53,8 @@ class Decision:
     sizes: torch.Tensor  # [B] long: nodes each request verifies (root included)
     width: int  # W: tokens per request in the verify pass (max of sizes)
     predicted_verify_ms: float | None  # the model's T_verify at W (None in fixed mode)
-    predicted_cycle_ms: float | None  # T_aux + T_verify at W
+    predicted_cycle_ms: float | None  # T_aux + T_verify at W, plus the overhead below
+    overhead_ms: float = 0.0  # the measured per-step overhead included in the cycle
 
 
 @dataclass
@@ -62,6 +70,8 @@ class LiveBudget:
     observed_steps: int = field(default=0)
     context_bucket: int = 16  # mean contexts are priced at the nearest multiple of this
     widths: tuple[int, ...] = ()  # allowed verify widths; () means width_ladder(max_nodes)
+    measure_overhead: bool = False  # add the measured per-step time the model leaves out
+    overhead_ms: dict[int, float] = field(default_factory=dict)  # batch size -> EMA, ms
     _verify_cache: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -80,7 +90,8 @@ class LiveBudget:
             return Decision(sizes, min(self.max_nodes, trees.max_nodes), None, None)
         batch = trees.batch_size
         context = float(context_lens.float().mean())
-        cost = self.cost_vector_ms(batch, context)
+        overhead = self.step_overhead_ms(batch)
+        cost = self.cost_vector_ms(batch, context) + overhead
         if self.layout == "ragged":
             sizes = per_request_sizes(trees, cost, self.model.ar_ms(batch))
             largest = int(sizes.max())
@@ -89,7 +100,7 @@ class LiveBudget:
             width = int(uniform_width(trees, cost, self.widths))
             sizes = trees.num_nodes.clamp(max=width)
         cycle = float(cost[width - 1])
-        return Decision(sizes, width, cycle - self.model.aux_ms(batch), cycle)
+        return Decision(sizes, width, cycle - overhead - self.model.aux_ms(batch), cycle, overhead)
 
     def cost_vector_ms(self, batch: int, context: float) -> torch.Tensor:
         """[N] float64: predicted cycle ms for 1..N tokens per request (cached verify terms)."""
@@ -104,6 +115,25 @@ class LiveBudget:
             verify = self._verify_cache.setdefault(key, price(batch, tokens, bucket))
         scale = 1.0 if self.mode == "static" else self.gamma
         return self.model.aux_ms(batch) + scale * verify
+
+    def step_overhead_ms(self, batch: int) -> float:
+        """Measured per-step time beyond the model's cycle: this batch size's, else the nearest."""
+        if not self.overhead_ms:
+            return 0.0
+        if batch in self.overhead_ms:
+            return self.overhead_ms[batch]
+        return self.overhead_ms[min(self.overhead_ms, key=lambda b: (abs(b - batch), b))]
+
+    def observe_period(self, decision: Decision, batch: int, period_ms: float) -> None:
+        """Fold one decode step's period (its start to the next step's start) into the overhead."""
+        if not self.measure_overhead or decision.predicted_cycle_ms is None:
+            return
+        model_cycle = decision.predicted_cycle_ms - decision.overhead_ms
+        if not 0 < period_ms <= 4 * max(decision.predicted_cycle_ms, model_cycle):
+            return  # a stall (GC, a paused client): not the step's own cost
+        sample = max(period_ms - model_cycle, -0.5 * model_cycle)
+        old = self.overhead_ms.get(batch)
+        self.overhead_ms[batch] = sample if old is None else old + self.ema_alpha * (sample - old)
 
     def observe(self, decision: Decision, verify_ms: float) -> None:
         """Fold an observed verify time into gamma (ema modes; otherwise only counted)."""
