@@ -40,10 +40,19 @@ def make_budget(worker: Any, options: BastionOptions, max_nodes: int) -> LiveBud
     )
     target_config = worker.target_worker.model_runner.model_config.hf_config.to_dict()
     model = LatencyModel.from_profile(profile, ModelShape.from_hf_config(target_config))
+    measure = measures_overhead(options, getattr(worker.server_args, "tp_size", 1) or 1)
+    if options.measure_overhead and not measure:
+        logger.info("BASTION: step overhead not measured under tensor parallelism")
     return LiveBudget(
         mode=mode, max_nodes=max_nodes, layout=options.layout, model=model,
-        ema_alpha=options.ema_alpha, measure_overhead=options.measure_overhead,
+        ema_alpha=options.ema_alpha, measure_overhead=measure,
     )  # fmt: skip
+
+
+def measures_overhead(options: BastionOptions, tp_size: int) -> bool:
+    """Whether the controller prices its measured step overhead (never under TP > 1)."""
+    # Every tensor-parallel rank must choose the same trees, and each would time its own steps.
+    return options.measure_overhead and tp_size == 1
 
 
 def profile_summary(budget: LiveBudget, options: BastionOptions) -> dict[str, Any]:

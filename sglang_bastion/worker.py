@@ -234,9 +234,10 @@ class BastionWorker(DFlashWorkerV2):
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "BASTION step: batch %d, width %d, sizes %s, verify predicted %s ms, observed "
-                "%.2f ms, gamma %.3f",
+                "%.2f ms, gamma %.3f, step overhead priced %.2f ms",
                 len(decision.sizes), decision.width, decision.sizes.tolist(),
                 _ms(decision.predicted_verify_ms), verify_ms, self.budget.gamma,
+                decision.overhead_ms,
             )  # fmt: skip
 
     def _record(

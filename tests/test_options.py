@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_bastion.options import BastionOptions
+from sglang_bastion.serving import measures_overhead
 
 
 def options(monkeypatch, **env: str) -> BastionOptions:
@@ -58,3 +59,9 @@ def test_the_step_overhead_is_measured_unless_switched_off(monkeypatch):
 def test_a_non_boolean_overhead_switch_is_refused_by_name(monkeypatch):
     with pytest.raises(ValueError, match="SGLANG_BASTION_MEASURE_OVERHEAD='maybe' must be 0 or 1"):
         options(monkeypatch, MEASURE_OVERHEAD="maybe")
+
+
+def test_the_step_overhead_is_never_measured_under_tensor_parallelism(monkeypatch):
+    assert measures_overhead(options(monkeypatch), tp_size=1) is True
+    assert measures_overhead(options(monkeypatch), tp_size=2) is False
+    assert measures_overhead(options(monkeypatch, MEASURE_OVERHEAD="0"), tp_size=1) is False

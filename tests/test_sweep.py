@@ -20,6 +20,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 from sweep_bench import bench_argv, jsonl_prompts, parse_bench_args, write_bench_dataset  # noqa: E402
+from sweep_medians import cell_label, collect, summary_rows  # noqa: E402
 from sweep_methods import CPU_STANDINS, parse_methods, server_setup  # noqa: E402
 from sweep_metrics import cell_metrics  # noqa: E402
 from sweep_report import ResultStore, folder_name, write_reports  # noqa: E402
@@ -332,3 +333,37 @@ def test_warm_up_sends_two_rounds_at_the_cells_concurrency_and_length() -> None:
     assert 1 < _CountingGenerate.most_in_flight <= 4  # concurrent, never above C
     assert {b["text"] for b in bodies} == {"a", "b", "c"}
     assert all(b["sampling_params"] == {"max_new_tokens": 96, "temperature": 0} for b in bodies)
+
+
+def adaptive_cell(concurrency: int, tok_s: float, n_max: int, overhead: bool) -> dict:
+    """A recorded adaptive cell with the server's N_max and, if measured, its overhead."""
+    args = ["--speculative-algorithm", "BASTION", "--speculative-num-draft-tokens", str(n_max)]
+    cell = {"method": "bastion-adaptive", "concurrency": concurrency, "output_tok_s": tok_s,
+            "tree_size": 9.0, "server": {"args": args}}  # fmt: skip
+    return cell | ({"controller_overhead_ms": {"4": 10.0}} if overhead else {})
+
+
+def test_medians_label_adaptive_cells_by_n_max_and_measured_overhead() -> None:
+    assert cell_label(adaptive_cell(4, 1.0, 64, overhead=True)) == "adaptive N_max=64 + overhead"
+    assert cell_label(adaptive_cell(4, 1.0, 32, overhead=False)) == "adaptive N_max=32"
+    assert cell_label({"method": "bastion-8"}) == "bastion-8"
+
+
+def test_medians_compare_each_setup_with_the_best_fixed_n_median(tmp_path: Path) -> None:
+    runs = [(500.0, 520.0, 510.0), (540.0, 500.0, 530.0), (520.0, 510.0, 500.0)]
+    folders = []
+    for i, (eight, sixteen, adaptive) in enumerate(runs):
+        cells = [
+            {"method": "bastion-8", "concurrency": 4, "output_tok_s": eight, "tree_size": 8.0},
+            {"method": "bastion-16", "concurrency": 4, "output_tok_s": sixteen, "tree_size": 16.0},
+            adaptive_cell(4, adaptive, 64, overhead=True),
+        ]
+        folder = tmp_path / f"r{i}"
+        folder.mkdir()
+        (folder / "sweep.json").write_text(json.dumps({"cells": cells}))
+        folders.append(folder)
+    rows = {r["setup"]: r for r in summary_rows(*collect(folders))}
+    assert rows["bastion-8"]["median_tok_s"] == 520.0  # median of 500, 540, 520
+    assert rows["bastion-16"]["median_tok_s"] == 510.0
+    assert rows["adaptive N_max=64 + overhead"]["of_best_fixed"] == pytest.approx(510 / 520)
+    assert rows["bastion-8"]["runs"] == 3
