@@ -193,6 +193,16 @@ class _Spent:
     recorded_gap_ms: float = 0.0  # recorded cycle + gap
 
 
+@dataclass
+class _Tally:
+    """One policy's kept tokens and priced milliseconds over some steps."""
+
+    tokens: float = 0.0
+    ms: float = 0.0  # each step's share of its predicted cycle (plus the gap, for the server)
+    request_steps: int = 0
+    nodes: float = 0.0  # verify width x requests, summed
+
+
 def simulate(
     steps: list[Step], header: dict, model: LatencyModel, sizes: list[int], modes: list[str],
     cycle_scale: float = 1.0,
@@ -211,8 +221,8 @@ def simulate(
     check = {"policy": f"{produced['mode']} (N={produced['max_nodes']})", "steps": 0, "equal": 0}
     spent = _Spent()  # the producing policy's tokens and milliseconds
     recorder = producing_policy(produced, model)
-    totals: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
-    server: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # policy: tokens, ms
+    totals: dict[tuple[str, int], _Tally] = defaultdict(_Tally)  # (policy, batch size)
+    server: dict[str, _Tally] = defaultdict(_Tally)  # policy, with the gaps between steps
     for step in steps:
         share = len(step.roots) / step.batch_size  # the greedy requests' part of the step
         context = float(step.context_lens.float().mean())
@@ -235,13 +245,14 @@ def simulate(
             accept, width, _ = replay(step, top_k, policy)
             cycle = float(model.cycle_ms(step.batch_size, width, context)) * cycle_scale
             cell = totals[(name, step.batch_size)]
-            cell[0] += float(accept.sum())  # tokens
-            cell[1] += cycle * share  # this step's share of the cycle
-            cell[2] += len(accept)  # request-steps
-            cell[3] += width * len(accept)
+            cell.tokens += float(accept.sum())
+            cell.ms += cycle * share  # this step's share of the cycle
+            cell.request_steps += len(accept)
+            cell.nodes += width * len(accept)
             if step.gap_ms is not None:
-                server[name][0] += float(accept.clamp(max=step.budget).sum())  # what is kept
-                server[name][1] += (cycle + step.gap_ms) * share
+                served = server[name]
+                served.tokens += float(accept.clamp(max=step.budget).sum())  # what is kept
+                served.ms += (cycle + step.gap_ms) * share
     if spent.predicted_ms and spent.recorded_ms:
         check["predicted_tok_s"] = 1e3 * spent.tokens / spent.predicted_ms
         # from the worker's step times
@@ -250,11 +261,10 @@ def simulate(
         check["predicted_server_tok_s"] = 1e3 * spent.gap_tokens / spent.predicted_gap_ms
         # the trace's own clock
         check["recorded_server_tok_s"] = 1e3 * spent.gap_tokens / spent.recorded_gap_ms
-    check["server_tok_s"] = {name: 1e3 * t / ms for name, (t, ms) in server.items() if ms}
+    check["server_tok_s"] = {name: 1e3 * t.tokens / t.ms for name, t in server.items() if t.ms}
     rows = []
-    for (name, batch), (tokens, ms, count, nodes) in sorted(
-        totals.items(), key=lambda kv: (kv[0][1], kv[0][0])
-    ):
+    for (name, batch), tally in sorted(totals.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        tokens, ms, count, nodes = tally.tokens, tally.ms, tally.request_steps, tally.nodes
         ar_ms = model.ar_ms(batch)
         rows.append({
             "batch": batch, "policy": name, "request-steps": int(count),
