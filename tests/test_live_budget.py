@@ -162,11 +162,21 @@ def test_the_overhead_is_not_measured_unless_asked():
     assert budget.overhead_ms == {}
 
 
-def test_a_stalled_period_is_not_taken_as_overhead():
+def test_a_stalled_period_is_not_taken_as_overhead_once_the_batch_size_has_one():
+    budget = LiveBudget("static", 64, "uniform", model(), measure_overhead=True)
+    decision = budget.decide(trees(4), torch.full((4,), 128))
+    budget.observe_period(decision, 4, decision.predicted_cycle_ms + 5.0)
+    priced = budget.decide(trees(4), torch.full((4,), 128))
+    budget.observe_period(priced, 4, 10 * priced.predicted_cycle_ms)
+    assert budget.overhead_ms == {4: pytest.approx(5.0)}
+
+
+def test_the_first_period_of_a_batch_size_is_taken_even_when_far_above_the_model():
+    # A server whose steps take many times the profile's cycle still learns its overhead.
     budget = LiveBudget("static", 64, "uniform", model(), measure_overhead=True)
     decision = budget.decide(trees(4), torch.full((4,), 128))
     budget.observe_period(decision, 4, 10 * decision.predicted_cycle_ms)
-    assert budget.overhead_ms == {}
+    assert budget.overhead_ms[4] == pytest.approx(9 * decision.predicted_cycle_ms)
 
 
 def test_an_unseen_batch_size_borrows_the_nearest_measured_overhead():

@@ -128,11 +128,11 @@ class LiveBudget:
         """Fold one decode step's period (its start to the next step's start) into the overhead."""
         if not self.measure_overhead or decision.predicted_cycle_ms is None:
             return
-        model_cycle = decision.predicted_cycle_ms - decision.overhead_ms
-        if not 0 < period_ms <= 4 * max(decision.predicted_cycle_ms, model_cycle):
-            return  # a stall (GC, a paused client): not the step's own cost
-        sample = max(period_ms - model_cycle, -0.5 * model_cycle)
         old = self.overhead_ms.get(batch)
+        if period_ms <= 0 or (old is not None and period_ms > 4 * decision.predicted_cycle_ms):
+            return  # a stall (GC, a paused client) once the batch size has an estimate
+        model_cycle = decision.predicted_cycle_ms - decision.overhead_ms
+        sample = max(period_ms - model_cycle, -0.5 * model_cycle)
         self.overhead_ms[batch] = sample if old is None else old + self.ema_alpha * (sample - old)
 
     def observe(self, decision: Decision, verify_ms: float) -> None:
