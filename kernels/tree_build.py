@@ -32,18 +32,7 @@ import triton.language as tl
 from sglang_bastion.kernels.dispatch import next_power_of_2, use_triton
 from sglang_bastion.tree import builder
 from sglang_bastion.tree.batch import TreeBatch
-from sglang_bastion.tree.builder import _choose_strategy, _make_plan
-
-
-def _check(top_q: torch.Tensor, top_tokens: torch.Tensor, root_tokens: torch.Tensor) -> None:
-    """Raise ValueError unless the shapes are [B, D, K], [B, D, K] and [B]."""
-    if top_q.dim() != 3 or top_tokens.shape != top_q.shape:
-        raise ValueError(
-            f"top_q and top_tokens must both be (B, D, K), got {tuple(top_q.shape)} "
-            f"and {tuple(top_tokens.shape)}"
-        )
-    if root_tokens.shape != top_q.shape[:1]:
-        raise ValueError(f"root_tokens must be ({top_q.shape[0]},), got {tuple(root_tokens.shape)}")
+from sglang_bastion.tree.builder import _check_top_k, _choose_strategy, _make_plan
 
 
 def tree_size(depth: int, top_k: int, max_nodes: int, device: torch.device) -> int:
@@ -60,18 +49,16 @@ def build_trees_from_top_k_reference(
     Always the torch pools, on any device (on CPU tensors `build_trees` itself takes the
     compiled merge of ``tree_build_cpu.c``, which the dispatcher below uses).
     """
-    _check(top_q, top_tokens, root_tokens)
-    if max_nodes < 1:
-        raise ValueError(f"max_nodes must be at least 1, got {max_nodes}")
-    strategy = _choose_strategy(top_q.shape[1], top_q.shape[2], max_nodes)
-    return builder._build_from_top_k(top_q, top_tokens, root_tokens, max_nodes, strategy)
+    return builder.build_trees_from_top_k(
+        top_q, top_tokens, root_tokens, max_nodes=max_nodes, compiled=False
+    )
 
 
 def build_trees_from_top_k_triton(
     top_q: torch.Tensor, top_tokens: torch.Tensor, root_tokens: torch.Tensor, *, max_nodes: int
 ) -> TreeBatch:
     """`build_trees_from_top_k_reference` in one launch (one program per request)."""
-    _check(top_q, top_tokens, root_tokens)
+    _check_top_k(top_q, top_tokens, root_tokens)
     batch, depth, top_k = top_q.shape
     device = top_q.device
     size = tree_size(depth, top_k, max_nodes, device)
@@ -104,7 +91,6 @@ def build_trees_from_top_k(
     """Best-first trees from top-K marginals: Triton on CUDA, the compiled merge on CPU."""
     if use_triton(top_q, top_tokens):
         return build_trees_from_top_k_triton(top_q, top_tokens, root_tokens, max_nodes=max_nodes)
-    _check(top_q, top_tokens, root_tokens)
     return builder.build_trees_from_top_k(top_q, top_tokens, root_tokens, max_nodes=max_nodes)
 
 

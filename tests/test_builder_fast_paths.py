@@ -139,6 +139,38 @@ def test_cpu_tensors_take_the_compiled_merge_unless_kernels_are_disabled(monkeyp
     assert builder._strategy_for(meta, roots.to("meta"), 15, 8, 64) == "beam"  # not on CPU
 
 
+def test_compiled_false_keeps_to_the_torch_pools(monkeypatch):
+    top_q = torch.rand(2, 3, 4).sort(dim=-1, descending=True).values
+    tokens = torch.arange(4).expand(2, 3, 4)  # [B, D, K]: distinct tokens per position
+    roots = torch.zeros(2, dtype=torch.long)
+
+    def no_merge(*_):
+        raise AssertionError("the compiled merge ran")
+
+    monkeypatch.setattr(builder, "_merge_build", no_merge)
+    builder.build_trees_from_top_k(top_q, tokens, roots, max_nodes=8, compiled=False).check()
+    with pytest.raises(AssertionError, match="compiled merge ran"):
+        builder.build_trees_from_top_k(top_q, tokens, roots, max_nodes=8)
+
+
+@pytest.mark.parametrize(
+    ("q_shape", "token_shape", "root_shape", "message"),
+    [
+        ((2, 12), (2, 12), (2,), "must both be \\(B, D, K\\)"),
+        ((2, 3, 4), (2, 3, 5), (2,), "must both be \\(B, D, K\\)"),
+        ((2, 3, 4), (2, 3, 4), (3,), "root_tokens must be \\(2,\\)"),
+    ],
+)
+def test_top_k_inputs_of_the_wrong_shape_are_refused_by_name(
+    q_shape, token_shape, root_shape, message
+):
+    top_q, tokens = torch.rand(q_shape), torch.zeros(token_shape, dtype=torch.long)
+    with pytest.raises(ValueError, match=message):
+        builder.build_trees_from_top_k(
+            top_q, tokens, torch.zeros(root_shape, dtype=torch.long), max_nodes=8
+        )
+
+
 def test_merge_refuses_a_tree_larger_than_the_lattice():
     log_q = torch.rand(1, 2, 2).sort(dim=-1, descending=True).values.log()  # lattice: 7 nodes
     tokens, roots = torch.ones(1, 2, 2, dtype=torch.long), torch.zeros(1, dtype=torch.long)

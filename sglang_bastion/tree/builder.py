@@ -58,6 +58,7 @@ _DEPTH_SCALE = 2.0**-40
 _DEPTH_BIAS = 2.0**-1000
 
 
+@lru_cache(maxsize=256)
 def lattice_size(depth: int, top_k: int) -> int:
     """Number of nodes in the top-K lattice of the given depth, root included."""
     return depth + 1 if top_k == 1 else (top_k ** (depth + 1) - 1) // (top_k - 1)
@@ -251,19 +252,37 @@ def build_trees(
     return _build(probs, root_tokens, top_k, max_nodes, strategy, groups)
 
 
-def build_trees_from_top_k(
-    top_q: torch.Tensor, top_tokens: torch.Tensor, root_tokens: torch.Tensor, *, max_nodes: int
-) -> TreeBatch:
-    """`build_trees` from [B, D, K] descending top-K probabilities and their [B, D, K] tokens."""
-    batch, depth, top_k = top_q.shape
-    if top_tokens.shape != top_q.shape or root_tokens.shape != (batch,):
+def _check_top_k(top_q: torch.Tensor, top_tokens: torch.Tensor, root_tokens: torch.Tensor) -> None:
+    """Raise ValueError unless the shapes are [B, D, K], [B, D, K] and [B]."""
+    if top_q.dim() != 3 or top_tokens.shape != top_q.shape:
         raise ValueError(
-            f"top_tokens must be {tuple(top_q.shape)} and root_tokens ({batch},), got "
-            f"{tuple(top_tokens.shape)} and {tuple(root_tokens.shape)}"
+            f"top_q and top_tokens must both be (B, D, K), got {tuple(top_q.shape)} "
+            f"and {tuple(top_tokens.shape)}"
         )
+    if root_tokens.shape != top_q.shape[:1]:
+        raise ValueError(f"root_tokens must be ({top_q.shape[0]},), got {tuple(root_tokens.shape)}")
+
+
+def build_trees_from_top_k(
+    top_q: torch.Tensor,
+    top_tokens: torch.Tensor,
+    root_tokens: torch.Tensor,
+    *,
+    max_nodes: int,
+    compiled: bool = True,
+) -> TreeBatch:
+    """`build_trees` from [B, D, K] descending top-K probabilities and their [B, D, K] tokens.
+
+    ``compiled=False`` keeps to the torch pools even where the compiled CPU merge would run.
+    """
+    _check_top_k(top_q, top_tokens, root_tokens)
+    _, depth, top_k = top_q.shape
     if max_nodes < 1:
         raise ValueError(f"max_nodes must be at least 1, got {max_nodes}")
-    strategy = _strategy_for(top_q, root_tokens, depth, top_k, max_nodes)
+    if compiled:
+        strategy = _strategy_for(top_q, root_tokens, depth, top_k, max_nodes)
+    else:
+        strategy = _choose_strategy(depth, top_k, max_nodes)
     return _build_from_top_k(top_q, top_tokens, root_tokens, max_nodes, strategy)
 
 
@@ -312,7 +331,7 @@ def _build_from_top_k(
         slot.scatter_(1, order, plan.slots.expand(batch, size))  # [B, U + 1]: -1 if unpicked
         parent_entry = plan.cand_parent.take(picked)  # [B, n]
         token_col = plan.cand_token.take(picked)  # [B, n]
-        token_table = torch.cat([root_tokens.view(batch, 1), top_tokens.view(batch, -1)], dim=1)
+        token_table = torch.cat([root_tokens.view(batch, 1), top_tokens.reshape(batch, -1)], dim=1)
     pad = max_nodes - size
     return TreeBatch(
         token_ids=_pad(token_table.gather(1, token_col), pad, 0),
