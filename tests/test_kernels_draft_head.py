@@ -14,6 +14,7 @@ from sglang_bastion.kernels import (
     topk_softmax_reference,
     topk_softmax_triton,
 )
+from sglang_bastion.kernels.draft_head import draft_logits, log_sum_exp
 
 # Probabilities are exp(x - lse) in float32 with a different summation order than torch's.
 RTOL, ATOL = 1e-5, 1e-7
@@ -105,3 +106,20 @@ def test_merged_vocabulary_shards_give_the_unsharded_draft_head(bounds):
     want_probs, want_ids = draft_head_topk(hidden, weight, 300, 8)
     assert torch.equal(merged, want_ids)
     torch.testing.assert_close(probs, want_probs, rtol=1e-5, atol=1e-7)
+
+
+def test_log_sum_exp_matches_torch_on_logits_that_spread_far_below_the_maximum():
+    gen = torch.Generator().manual_seed(5)
+    logits = 40 * torch.randn(16, 4096, generator=gen)  # rows span hundreds of nats
+    logits[0, 7] = float("-inf")  # a masked token
+    want = torch.logsumexp(logits, dim=1)
+    got = log_sum_exp(logits, logits.max(dim=1).values)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_draft_logits_are_computed_in_the_lm_heads_dtype():
+    hidden = torch.randn(3, 16)
+    weight = torch.randn(40, 16).bfloat16()
+    logits = draft_logits(hidden, weight, 32)
+    assert logits.dtype == torch.bfloat16 and logits.shape == (3, 32)
+    torch.testing.assert_close(logits.float(), hidden @ weight[:32].float().T, rtol=2e-2, atol=0.1)
