@@ -4,7 +4,7 @@ python benchmarks/sweep.py --model-path T --draft-model-path D \
     [--eagle-draft-model-path E] [--methods none,dflash,bastion-16,bastion-32,bastion-adaptive] \
     [--concurrency 1,4,16] [--num-prompts P] [--output-len L] [--temperature X] \
     [--dataset humaneval|prompts.jsonl] [--profile latency_profile.json] [--out DIR] [--quick] \
-    [-- extra launch_server arguments]
+    [--repeats R] [-- extra launch_server arguments]
 
 For each method it starts ``python -m sglang.launch_server`` on a free 127.0.0.1 port, waits
 for /health, runs ``sglang.bench_serving`` at each concurrency and stops the server's whole
@@ -12,7 +12,11 @@ process group, also on failure, Ctrl-C or SIGTERM. Each (method, concurrency) ce
 tokens/s, requests/s, TTFT and inter-token latency (mean, p50, p99), the average acceptance
 length and the mean tree size; results go to
 benchmarks/results/sweeps/<date>_<hardware>_<model>/sweep.{json,csv,md,png}. A rerun with the
-same folder skips the cells already measured with the same server setup. Without a visible
+same folder skips the cells already measured with the same server setup. With ``--repeats R``
+the whole sweep runs R times into <folder>/r1..rR, each round starting the methods at a
+different point of the list (round i is rotated by i*M/R of M methods), so slow drift of a
+shared host's load falls on every method alike; <folder>/medians.{md,png} then compare each
+method's median with the best fixed tree size's (`sweep_medians.py`). Without a visible
 CUDA device every method runs with the CPU recipe (bastion_cpu attention, bfloat16,
 TRITON_INTERPRET=1).
 """
@@ -64,7 +68,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="results folder (default: dated, under sweeps/)")
     parser.add_argument("--quick", action="store_true", help="max(2, C) prompts of 32 tokens (CI)")
     parser.add_argument("--server-timeout", type=float, default=600.0, help="start-up limit, s")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds in rotated method orders")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     args.extra = extra
     if args.methods is None:
         args.methods = DEFAULT_METHODS if args.profile else DEFAULT_METHODS.rsplit(",", 1)[0]
@@ -150,8 +157,40 @@ def measure_method(
     progress.write(f"[{method.name}] server stopped")
 
 
-def run_sweep(args: argparse.Namespace) -> tuple[Path, list[str]]:
-    """Measure every missing cell; the results folder and the methods that failed."""
+def round_orders(names: list[str], repeats: int) -> list[list[str]]:
+    """The method order of each round: round i starts i * M / R methods into the list."""
+    starts = [i * len(names) // repeats for i in range(repeats)]
+    return [names[k:] + names[:k] for k in starts]
+
+
+def run_rounds(args: argparse.Namespace) -> tuple[Path, list[str]]:
+    """Run the sweep ``args.repeats`` times in rotated orders; write the medians beside them."""
+    from sweep_medians import write_medians
+
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    folder = args.out or SWEEPS / (default_folder_name(args) + f"_x{args.repeats}")
+    failed: list[str] = []
+    rounds = []
+    for i, order in enumerate(round_orders(names, args.repeats), start=1):
+        print(f"round {i} of {args.repeats}: {', '.join(order)}", file=sys.stderr)
+        round_args = argparse.Namespace(**vars(args))
+        round_args.out = folder / f"r{i}"
+        done, failed_here = run_sweep(round_args, order)
+        rounds.append(done)
+        failed += [m for m in failed_here if m not in failed]
+    title = f"Medians of {args.repeats} sweeps: {model_name(args.model_path)} on {hardware()}"
+    print(write_medians(rounds, folder, title))
+    print(f"medians: {folder / 'medians.md'}")
+    return folder, failed
+
+
+def default_folder_name(args: argparse.Namespace) -> str:
+    """The dated results folder name for this machine and model (``_quick`` when quick)."""
+    return folder_name(hardware(), args.model_path) + ("_quick" if args.quick else "")
+
+
+def run_sweep(args: argparse.Namespace, order: list[str] | None = None) -> tuple[Path, list[str]]:
+    """Measure every missing cell (methods in ``order``, if given); the folder and failures."""
     if args.quick:
         args.output_len = args.output_len or 32
     args.output_len = args.output_len or 128
@@ -160,12 +199,11 @@ def run_sweep(args: argparse.Namespace) -> tuple[Path, list[str]]:
     drafter = Path(args.draft_model_path) if args.draft_model_path else None
     eagle = Path(args.eagle_draft_model_path) if args.eagle_draft_model_path else None
     methods = parse_methods(
-        names, drafter, eagle, args.profile, args.adaptive_max_nodes, args.adaptive_mode
+        order or names, drafter, eagle, args.profile, args.adaptive_max_nodes, args.adaptive_mode
     )
 
     meta = machine() | {"hardware": hardware()}
-    default = folder_name(meta["hardware"], args.model_path) + ("_quick" if args.quick else "")
-    folder = args.out or SWEEPS / default
+    folder = args.out or SWEEPS / default_folder_name(args)
     num_prompts_text = str(args.num_prompts) if args.num_prompts else (
         "max(2, C)" if args.quick else f"max({args.min_prompts}, 2C)"
     )  # fmt: skip
@@ -221,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     # A plain SIGTERM unwinds like Ctrl-C, so every running server is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    _, failed = run_sweep(args)
+    _, failed = run_rounds(args) if args.repeats > 1 else run_sweep(args)
     if failed:
         print(f"failed methods: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

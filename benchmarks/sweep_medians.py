@@ -4,6 +4,8 @@ best fixed tree size. Repeats on a shared host spread by several percent, so a 2
 
 python benchmarks/sweep_medians.py FOLDER [FOLDER ...] [--output PATH.md]
 
+(``sweep.py --repeats R`` runs R sweeps and writes this table, with a plot, by itself.)
+
 Cells are grouped by what the server ran: ``bastion-N`` (fixed N), ``adaptive N_max=M`` (from
 the server's ``--speculative-num-draft-tokens``), with ``+ overhead`` when the controller
 reported a measured step overhead, and every other method by name.
@@ -43,14 +45,36 @@ def collect(folders: list[Path]) -> tuple[dict[Key, list[float]], dict[Key, list
     return tok_s, trees
 
 
-def summary_rows(tok_s: dict[Key, list[float]], trees: dict[Key, list[float]]) -> list[dict]:
+def is_fixed(label: str) -> bool:
+    """Whether a setup label is a fixed tree size (``bastion-N``)."""
+    return label.removeprefix("bastion-").isdigit()
+
+
+def run_shares(folders: list[Path]) -> dict[Key, list[float]]:
+    """Each setup's output tok/s over the best fixed N's in the same run, run by run."""
+    shares: dict[Key, list[float]] = defaultdict(list)
+    for folder in folders:
+        cells = json.loads((folder / "sweep.json").read_text())["cells"]
+        for concurrency in sorted({int(c["concurrency"]) for c in cells}):
+            here = [c for c in cells if int(c["concurrency"]) == concurrency]
+            fixed = [c["output_tok_s"] for c in here if is_fixed(cell_label(c))]
+            for cell in here if fixed else []:
+                shares[(cell_label(cell), concurrency)].append(cell["output_tok_s"] / max(fixed))
+    return shares
+
+
+def summary_rows(
+    tok_s: dict[Key, list[float]],
+    trees: dict[Key, list[float]],
+    shares: dict[Key, list[float]] | None = None,
+) -> list[dict]:
     """One row per (setup, concurrency): runs, median tok/s, % of the best fixed N's median."""
     rows = []
     for concurrency in sorted({c for _, c in tok_s}):
         medians = {
             label: statistics.median(v) for (label, c), v in tok_s.items() if c == concurrency
         }
-        fixed = [m for label, m in medians.items() if label.removeprefix("bastion-").isdigit()]
+        fixed = [m for label, m in medians.items() if is_fixed(label)]
         best = max(fixed, default=None)
         for label in sorted(medians):
             size = trees.get((label, concurrency))
@@ -60,6 +84,7 @@ def summary_rows(tok_s: dict[Key, list[float]], trees: dict[Key, list[float]]) -
                 "of_best_fixed": medians[label] / best if best else None,
                 "mean_tree": statistics.fmean(size) if size else None,
                 "runs_tok_s": tok_s[(label, concurrency)],
+                "run_shares": (shares or {}).get((label, concurrency), []),
             })  # fmt: skip
     return rows
 
@@ -67,18 +92,64 @@ def summary_rows(tok_s: dict[Key, list[float]], trees: dict[Key, list[float]]) -
 def markdown(rows: list[dict]) -> str:
     """The rows as a Markdown table."""
     lines = [
-        "| C | setup | runs | median tok/s | of best fixed N | mean tree | every run |",
-        "|---|---|---|---|---|---|---|",
+        "| C | setup | runs | median tok/s | of best fixed N | mean tree | every run "
+        "| of the run's best fixed N |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         share = f"{100 * r['of_best_fixed']:.1f}%" if r["of_best_fixed"] else "-"
         tree = f"{r['mean_tree']:.1f}" if r["mean_tree"] is not None else "-"
         runs = " / ".join(f"{v:.1f}" for v in r["runs_tok_s"])
+        per_run = " / ".join(f"{100 * v:.1f}%" for v in r.get("run_shares", [])) or "-"
         lines.append(
             f"| {r['C']} | {r['setup']} | {r['runs']} | {r['median_tok_s']:.1f} | {share} "
-            f"| {tree} | {runs} |"
+            f"| {tree} | {runs} | {per_run} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    """Median output tok/s (bars: min to max run) and share of the best fixed N, by concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sweep_report import concurrency_axis
+
+    levels = sorted({r["C"] for r in rows})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for setup in dict.fromkeys(r["setup"] for r in rows):
+        mine = [r for r in rows if r["setup"] == setup]
+        xs = [r["C"] for r in mine]
+        ys = [r["median_tok_s"] for r in mine]
+        low = [y - min(r["runs_tok_s"]) for y, r in zip(ys, mine, strict=True)]
+        high = [max(r["runs_tok_s"]) - y for y, r in zip(ys, mine, strict=True)]
+        style = "--" if is_fixed(setup) else "-"
+        left.errorbar(xs, ys, yerr=[low, high], marker="o", ls=style, capsize=3, label=setup)
+        shared = [(r["C"], 100 * r["of_best_fixed"]) for r in mine if r["of_best_fixed"]]
+        if shared:
+            right.plot(*zip(*shared, strict=True), marker="o", ls=style, label=setup)
+    right.axhline(98, color="grey", lw=0.8, ls=":")
+    for ax, label in ((left, "output tokens/s (median; bars: min-max)"),
+                      (right, "% of the best fixed N's median")):  # fmt: skip
+        concurrency_axis(ax, levels, label)
+    left.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_medians(folders: list[Path], out: Path, title: str) -> str:
+    """Write medians.md and medians.png of the sweep folders into ``out``; return the table."""
+    rows = summary_rows(*collect(folders), run_shares(folders))
+    names = ", ".join(f"`{f.name}`" for f in folders)
+    text = f"# {title}\n\nRuns: {names}.\n\n" + markdown(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "medians.md").write_text(text)
+    if rows:
+        plot(rows, out / "medians.png", title)
+    return text
 
 
 def main() -> None:
@@ -87,7 +158,7 @@ def main() -> None:
     parser.add_argument("folders", nargs="+", type=Path, help="sweep results folders")
     parser.add_argument("--output", type=Path, default=None, help="also write the table here")
     args = parser.parse_args()
-    table = markdown(summary_rows(*collect(args.folders)))
+    table = markdown(summary_rows(*collect(args.folders), run_shares(args.folders)))
     print(table, end="")
     if args.output:
         args.output.write_text(table)

@@ -124,6 +124,16 @@ def write_csv(rows: list[dict], path: Path) -> None:
         writer.writerows(rows)
 
 
+def concurrency_axis(ax: object, levels: list[int], label: str) -> None:
+    """Style a panel against concurrency: log2 x axis ticked at the levels, labels, grid."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.minorticks_off()
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3)
+
+
 def plot(rows: list[dict], methods: list[str], path: Path, title: str) -> None:
     """Three panels against concurrency: output tokens/s, acceptance, speedup over none."""
     import matplotlib
@@ -145,12 +155,7 @@ def plot(rows: list[dict], methods: list[str], path: Path, title: str) -> None:
             if points:
                 xs, ys = zip(*points, strict=True)
                 ax.plot(xs, ys, marker="o", label=method)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(levels, [str(c) for c in levels])
-        ax.minorticks_off()
-        ax.set_xlabel("concurrency")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
+        concurrency_axis(ax, levels, label)
     axes[0].legend()
     fig.suptitle(title)
     fig.tight_layout()

@@ -20,7 +20,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 from sweep_bench import bench_argv, jsonl_prompts, parse_bench_args, write_bench_dataset  # noqa: E402
-from sweep_medians import cell_label, collect, summary_rows  # noqa: E402
+from sweep_medians import cell_label, collect, run_shares, summary_rows  # noqa: E402
 from sweep_methods import CPU_STANDINS, parse_methods, server_setup  # noqa: E402
 from sweep_metrics import cell_metrics  # noqa: E402
 from sweep_report import ResultStore, folder_name, write_reports  # noqa: E402
@@ -367,3 +367,68 @@ def test_medians_compare_each_setup_with_the_best_fixed_n_median(tmp_path: Path)
     assert rows["bastion-16"]["median_tok_s"] == 510.0
     assert rows["adaptive N_max=64 + overhead"]["of_best_fixed"] == pytest.approx(510 / 520)
     assert rows["bastion-8"]["runs"] == 3
+
+
+def write_run(folder: Path, cells: list[dict]) -> Path:
+    """A sweep folder holding only ``cells``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sweep.json").write_text(json.dumps({"cells": cells}))
+    return folder
+
+
+def fixed_cell(n: int, concurrency: int, tok_s: float) -> dict:
+    """A recorded fixed-N cell."""
+    return {"method": f"bastion-{n}", "concurrency": concurrency, "output_tok_s": tok_s}
+
+
+def test_run_shares_compare_with_the_best_fixed_n_of_the_same_run(tmp_path: Path) -> None:
+    first = write_run(tmp_path / "a", [fixed_cell(8, 4, 400.0), fixed_cell(16, 4, 500.0),
+                                       adaptive_cell(4, 490.0, 64, overhead=True)])  # fmt: skip
+    second = write_run(tmp_path / "b", [fixed_cell(8, 4, 600.0), fixed_cell(16, 4, 550.0),
+                                        adaptive_cell(4, 600.0, 64, overhead=True)])  # fmt: skip
+    shares = run_shares([first, second])
+    assert shares[("adaptive N_max=64 + overhead", 4)] == pytest.approx([0.98, 1.0])
+    assert shares[("bastion-16", 4)] == pytest.approx([1.0, 550 / 600])
+
+
+def test_rounds_start_the_methods_at_spread_points_of_the_list() -> None:
+    import sweep
+
+    names = list("abcdefgh")
+    orders = sweep.round_orders(names, 5)
+    assert [order[0] for order in orders] == ["a", "b", "d", "e", "g"]
+    assert all(sorted(order) == names for order in orders)
+    assert sweep.round_orders(names, 1) == [names]
+
+
+def test_repeats_must_be_positive() -> None:
+    import sweep
+
+    with pytest.raises(SystemExit):
+        sweep.parse_args(["--model-path", "t", "--repeats", "0"])
+
+
+def test_repeats_run_each_round_in_its_own_folder_then_write_the_medians(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sweep
+
+    measured: list[tuple[Path, list[str]]] = []
+
+    def fake_sweep(args, order):
+        rate = {"bastion-8": 500.0, "bastion-16": 520.0, "none": 300.0}
+        cells = [fixed_cell(8, 1, 0.0) | {"method": m, "output_tok_s": rate[m]} for m in order]
+        measured.append((args.out, order))
+        return write_run(args.out, cells), []
+
+    monkeypatch.setattr(sweep, "run_sweep", fake_sweep)
+    argv = ["--model-path", "t", "--methods", "none,bastion-8,bastion-16", "--repeats", "3",
+            "--out", str(tmp_path)]  # fmt: skip
+    folder, failed = sweep.run_rounds(sweep.parse_args(argv))
+    assert folder == tmp_path and failed == []
+    assert [out.name for out, _ in measured] == ["r1", "r2", "r3"]
+    assert [order[0] for _, order in measured] == ["none", "bastion-8", "bastion-16"]
+    table = (tmp_path / "medians.md").read_text()
+    assert "| 1 | bastion-16 | 3 | 520.0 | 100.0% |" in table
+    assert "| 1 | none | 3 | 300.0 | 57.7% |" in table
+    assert (tmp_path / "medians.png").stat().st_size > 0
