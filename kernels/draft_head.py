@@ -38,8 +38,9 @@ def draft_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab: int) -> torc
 
 
 # Below e^-80 a term adds under V * 2e-35 to a softmax sum of at least 1. Clamping there keeps
-# exp out of float32's subnormal range, which CPUs compute about ten times slower: a 4096-token
-# vocabulary's log-sum-exp took 2.6 ms for 112 rows of real-scale logits, 0.3 ms clamped.
+# exp out of float32's subnormal range, which CPUs compute about ten times slower: for 112 rows
+# of 4096 logits spread over ~100 nats (a confident model's), torch.logsumexp took 2.6 ms and
+# this 0.3 ms (benchmarks/bench_draft_head.py times both).
 _EXP_FLOOR = -80.0
 
 
@@ -53,7 +54,9 @@ def topk_softmax_reference(
     logits: torch.Tensor, top_k: int, temperature: float | torch.Tensor = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[R, K] float32 probabilities (softmax of logits / T over all of V) and [R, K] long ids."""
-    scaled = logits.float() * _inverse_temperature(temperature, logits).unsqueeze(1)  # [R, V]
+    scaled = logits.float()  # [R, V]
+    if isinstance(temperature, torch.Tensor) or temperature != 1.0:
+        scaled = scaled * _inverse_temperature(temperature, logits).unsqueeze(1)
     values, ids = scaled.topk(top_k, dim=1)  # [R, K] each, descending
     return torch.exp(values - log_sum_exp(scaled, values[:, 0]).unsqueeze(1)), ids
 
