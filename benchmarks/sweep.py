@@ -168,7 +168,8 @@ def run_rounds(args: argparse.Namespace) -> tuple[Path, list[str]]:
     from sweep_medians import write_medians
 
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
-    folder = args.out or SWEEPS / (default_folder_name(args) + f"_x{args.repeats}")
+    accelerator = hardware()
+    folder = args.out or SWEEPS / (default_folder_name(args, accelerator) + f"_x{args.repeats}")
     failed: list[str] = []
     rounds = []
     for i, order in enumerate(round_orders(names, args.repeats), start=1):
@@ -178,15 +179,15 @@ def run_rounds(args: argparse.Namespace) -> tuple[Path, list[str]]:
         done, failed_here = run_sweep(round_args, order)
         rounds.append(done)
         failed += [m for m in failed_here if m not in failed]
-    title = f"Medians of {args.repeats} sweeps: {model_name(args.model_path)} on {hardware()}"
+    title = f"Medians of {args.repeats} sweeps: {model_name(args.model_path)} on {accelerator}"
     print(write_medians(rounds, folder, title))
     print(f"medians: {folder / 'medians.md'}")
     return folder, failed
 
 
-def default_folder_name(args: argparse.Namespace) -> str:
-    """The dated results folder name for this machine and model (``_quick`` when quick)."""
-    return folder_name(hardware(), args.model_path) + ("_quick" if args.quick else "")
+def default_folder_name(args: argparse.Namespace, accelerator: str) -> str:
+    """The dated results folder name for this accelerator and model (``_quick`` when quick)."""
+    return folder_name(accelerator, args.model_path) + ("_quick" if args.quick else "")
 
 
 def run_sweep(args: argparse.Namespace, order: list[str] | None = None) -> tuple[Path, list[str]]:
@@ -203,7 +204,7 @@ def run_sweep(args: argparse.Namespace, order: list[str] | None = None) -> tuple
     )
 
     meta = machine() | {"hardware": hardware()}
-    folder = args.out or SWEEPS / default_folder_name(args)
+    folder = args.out or SWEEPS / default_folder_name(args, meta["hardware"])
     num_prompts_text = str(args.num_prompts) if args.num_prompts else (
         "max(2, C)" if args.quick else f"max({args.min_prompts}, 2C)"
     )  # fmt: skip

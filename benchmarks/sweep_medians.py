@@ -32,12 +32,17 @@ def cell_label(cell: dict) -> str:
     return label + (" + overhead" if cell.get("controller_overhead_ms") else "")
 
 
-def collect(folders: list[Path]) -> tuple[dict[Key, list[float]], dict[Key, list[float]]]:
-    """Output tok/s and mean tree sizes of every cell in the folders, by (setup, concurrency)."""
+def load_runs(folders: list[Path]) -> list[list[dict]]:
+    """Every cell of each sweep folder's ``sweep.json``, one list per run."""
+    return [json.loads((folder / "sweep.json").read_text())["cells"] for folder in folders]
+
+
+def collect(runs: list[list[dict]]) -> tuple[dict[Key, list[float]], dict[Key, list[float]]]:
+    """Output tok/s and mean tree sizes of every cell of the runs, by (setup, concurrency)."""
     tok_s: dict[Key, list[float]] = defaultdict(list)
     trees: dict[Key, list[float]] = defaultdict(list)
-    for folder in folders:
-        for cell in json.loads((folder / "sweep.json").read_text())["cells"]:
+    for cells in runs:
+        for cell in cells:
             key = (cell_label(cell), int(cell["concurrency"]))
             tok_s[key].append(float(cell["output_tok_s"]))
             if cell.get("tree_size") is not None:
@@ -50,11 +55,10 @@ def is_fixed(label: str) -> bool:
     return label.removeprefix("bastion-").isdigit()
 
 
-def run_shares(folders: list[Path]) -> dict[Key, list[float]]:
+def run_shares(runs: list[list[dict]]) -> dict[Key, list[float]]:
     """Each setup's output tok/s over the best fixed N's in the same run, run by run."""
     shares: dict[Key, list[float]] = defaultdict(list)
-    for folder in folders:
-        cells = json.loads((folder / "sweep.json").read_text())["cells"]
+    for cells in runs:
         for concurrency in sorted({int(c["concurrency"]) for c in cells}):
             here = [c for c in cells if int(c["concurrency"]) == concurrency]
             fixed = [c["output_tok_s"] for c in here if is_fixed(cell_label(c))]
@@ -142,7 +146,8 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 def write_medians(folders: list[Path], out: Path, title: str) -> str:
     """Write medians.md and medians.png of the sweep folders into ``out``; return the table."""
-    rows = summary_rows(*collect(folders), run_shares(folders))
+    runs = load_runs(folders)
+    rows = summary_rows(*collect(runs), run_shares(runs))
     names = ", ".join(f"`{f.name}`" for f in folders)
     text = f"# {title}\n\nRuns: {names}.\n\n" + markdown(rows)
     out.mkdir(parents=True, exist_ok=True)
@@ -158,7 +163,8 @@ def main() -> None:
     parser.add_argument("folders", nargs="+", type=Path, help="sweep results folders")
     parser.add_argument("--output", type=Path, default=None, help="also write the table here")
     args = parser.parse_args()
-    table = markdown(summary_rows(*collect(args.folders), run_shares(args.folders)))
+    runs = load_runs(args.folders)
+    table = markdown(summary_rows(*collect(runs), run_shares(runs)))
     print(table, end="")
     if args.output:
         args.output.write_text(table)

@@ -20,7 +20,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 from sweep_bench import bench_argv, jsonl_prompts, parse_bench_args, write_bench_dataset  # noqa: E402
-from sweep_medians import cell_label, collect, run_shares, summary_rows  # noqa: E402
+from sweep_medians import cell_label, collect, load_runs, run_shares, summary_rows  # noqa: E402
 from sweep_methods import CPU_STANDINS, parse_methods, server_setup  # noqa: E402
 from sweep_metrics import cell_metrics  # noqa: E402
 from sweep_report import ResultStore, folder_name, write_reports  # noqa: E402
@@ -362,7 +362,7 @@ def test_medians_compare_each_setup_with_the_best_fixed_n_median(tmp_path: Path)
         folder.mkdir()
         (folder / "sweep.json").write_text(json.dumps({"cells": cells}))
         folders.append(folder)
-    rows = {r["setup"]: r for r in summary_rows(*collect(folders))}
+    rows = {r["setup"]: r for r in summary_rows(*collect(load_runs(folders)))}
     assert rows["bastion-8"]["median_tok_s"] == 520.0  # median of 500, 540, 520
     assert rows["bastion-16"]["median_tok_s"] == 510.0
     assert rows["adaptive N_max=64 + overhead"]["of_best_fixed"] == pytest.approx(510 / 520)
@@ -386,7 +386,7 @@ def test_run_shares_compare_with_the_best_fixed_n_of_the_same_run(tmp_path: Path
                                        adaptive_cell(4, 490.0, 64, overhead=True)])  # fmt: skip
     second = write_run(tmp_path / "b", [fixed_cell(8, 4, 600.0), fixed_cell(16, 4, 550.0),
                                         adaptive_cell(4, 600.0, 64, overhead=True)])  # fmt: skip
-    shares = run_shares([first, second])
+    shares = run_shares(load_runs([first, second]))
     assert shares[("adaptive N_max=64 + overhead", 4)] == pytest.approx([0.98, 1.0])
     assert shares[("bastion-16", 4)] == pytest.approx([1.0, 550 / 600])
 
