@@ -11,6 +11,7 @@ ENV_MAX_NODES = "SGLANG_BASTION_DEFAULT_MAX_NODES"
 ENV_PROFILE = "SGLANG_BASTION_PROFILE"
 ENV_MODE = "SGLANG_BASTION_MODE"
 ENV_LAYOUT = "SGLANG_BASTION_LAYOUT"
+ENV_WIDTHS = "SGLANG_BASTION_WIDTHS"
 ENV_EMA_ALPHA = "SGLANG_BASTION_EMA_ALPHA"
 ENV_MEASURE_OVERHEAD = "SGLANG_BASTION_MEASURE_OVERHEAD"
 ENV_TRACE = "SGLANG_BASTION_TRACE"
@@ -32,6 +33,7 @@ class BastionOptions:
     profile: str | None = None  # latency profile from bastion-calibrate
     mode: str | None = None  # None: "static" with a profile, else "fixed"
     layout: str = "uniform"  # one width per batch, or per-request first-drop sizes
+    widths: tuple[int, ...] = ()  # verify widths the adaptive modes may pick; () = the ladder
     ema_alpha: float = 0.1  # weight of the newest observed/predicted ratio (ema modes)
     measure_overhead: bool = True  # price the measured per-step time the profile leaves out
     trace: str | None = None  # JSONL file the worker appends one record per step to
@@ -52,6 +54,7 @@ class BastionOptions:
             profile=os.environ.get(ENV_PROFILE) or None,
             mode=(os.environ.get(ENV_MODE) or "").strip().lower() or None,
             layout=(os.environ.get(ENV_LAYOUT) or cls.layout).strip().lower(),
+            widths=_int_list_env(ENV_WIDTHS),
             ema_alpha=_float_env(ENV_EMA_ALPHA, cls.ema_alpha),
             measure_overhead=_bool_env(ENV_MEASURE_OVERHEAD, cls.measure_overhead),
             trace=os.environ.get(ENV_TRACE) or None,
@@ -74,6 +77,8 @@ class BastionOptions:
             )
         if self.layout not in LAYOUTS:
             raise ValueError(f"{ENV_LAYOUT}={self.layout} must be one of {', '.join(LAYOUTS)}")
+        if self.widths and min(self.widths) < 1:
+            raise ValueError(f"{ENV_WIDTHS}={_csv(self.widths)} must list widths of at least 1")
         if not 0 < self.ema_alpha <= 1:
             raise ValueError(f"{ENV_EMA_ALPHA}={self.ema_alpha} must be in (0, 1]")
         if self.trace_steps < 1:
@@ -89,6 +94,22 @@ def _int_env(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} must be an integer") from None
+
+
+def _int_list_env(name: str) -> tuple[int, ...]:
+    """A comma-separated list of integers, or () when unset."""
+    raw = (os.environ.get(name) or "").strip()
+    if not raw:
+        return ()
+    try:
+        return tuple(int(part) for part in raw.split(","))
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} must be comma-separated integers, e.g. 8,12,16") from None
+
+
+def _csv(values: tuple[int, ...]) -> str:
+    """Integers as the environment variable spells them."""
+    return ",".join(str(v) for v in values)
 
 
 def _bool_env(name: str, default: bool) -> bool:

@@ -45,7 +45,7 @@ def make_budget(worker: Any, options: BastionOptions, max_nodes: int) -> LiveBud
         logger.info("BASTION: step overhead not measured under tensor parallelism")
     return LiveBudget(
         mode=mode, max_nodes=max_nodes, layout=options.layout, model=model,
-        ema_alpha=options.ema_alpha, measure_overhead=measure,
+        ema_alpha=options.ema_alpha, measure_overhead=measure, widths=options.widths,
     )  # fmt: skip
 
 
@@ -61,6 +61,7 @@ def profile_summary(budget: LiveBudget, options: BastionOptions) -> dict[str, An
         "mode": budget.mode,
         "layout": budget.layout,
         "max_nodes": budget.max_nodes,
+        "widths": list(budget.widths) if budget.model is not None else None,
         "profile": options.profile if budget.model is not None else None,
         "measure_overhead": budget.measure_overhead,
     }
@@ -69,6 +70,7 @@ def profile_summary(budget: LiveBudget, options: BastionOptions) -> dict[str, An
         summary["calibration"] = {
             "slope": budget.model.calibration.slope,
             "intercept_ms": budget.model.calibration.intercept_ms,
+            "grid_residual": budget.model.residual is not None,
         }
     return summary
 

@@ -103,7 +103,10 @@ def test_from_profile_takes_hardware_calibration_and_tables():
         created_at="2026-01-01T00:00:00+00:00",
         tool="test",
     )
-    assert LatencyModel.from_profile(profile, SHAPE) == MODEL
+    assert LatencyModel.from_profile(profile, SHAPE, grid_residual=False) == MODEL
+    # With the grid's residual (the default), the one measured point is predicted exactly.
+    measured = LatencyModel.from_profile(profile, SHAPE).verify_ms(1, 1, 0)
+    assert float(measured) == pytest.approx(12.0)
 
 
 def test_uncalibrated_model_in_ema_mode_is_gamma_times_roofline():

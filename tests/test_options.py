@@ -10,7 +10,7 @@ from sglang_bastion.serving import measures_overhead
 
 def options(monkeypatch, **env: str) -> BastionOptions:
     """Options read from exactly ``env``."""
-    names = ("TOPK", "MODE", "PROFILE", "LAYOUT", "EMA_ALPHA", "TRACE", "TRACE_STEPS")
+    names = ("TOPK", "MODE", "PROFILE", "LAYOUT", "WIDTHS", "EMA_ALPHA", "TRACE", "TRACE_STEPS")
     for name in (*names, "MEASURE_OVERHEAD"):
         monkeypatch.delenv(f"SGLANG_BASTION_{name}", raising=False)
     for name, value in env.items():
@@ -38,6 +38,7 @@ def test_an_adaptive_mode_without_a_profile_is_refused_naming_bastion_calibrate(
         ({"LAYOUT": "diagonal"}, "SGLANG_BASTION_LAYOUT=diagonal must be one of"),
         ({"EMA_ALPHA": "0"}, r"SGLANG_BASTION_EMA_ALPHA=0.0 must be in \(0, 1\]"),
         ({"TOPK": "0"}, "SGLANG_BASTION_TOPK=0 must be between 1 and 64"),
+        ({"WIDTHS": "0,8"}, "SGLANG_BASTION_WIDTHS=0,8 must list widths of at least 1"),
     ],
 )
 def test_out_of_range_knobs_are_refused_by_name(monkeypatch, env, message):
@@ -48,6 +49,16 @@ def test_out_of_range_knobs_are_refused_by_name(monkeypatch, env, message):
 def test_a_non_number_is_refused_by_name(monkeypatch):
     with pytest.raises(ValueError, match="SGLANG_BASTION_TRACE_STEPS='many' must be an integer"):
         options(monkeypatch, TRACE_STEPS="many")
+
+
+def test_the_adaptive_widths_default_to_the_ladder_and_can_be_listed(monkeypatch):
+    assert options(monkeypatch).widths == ()
+    assert options(monkeypatch, WIDTHS="8, 12,16").widths == (8, 12, 16)
+
+
+def test_a_width_list_that_is_not_integers_is_refused_by_name(monkeypatch):
+    with pytest.raises(ValueError, match="SGLANG_BASTION_WIDTHS='8;16' must be comma-separated"):
+        options(monkeypatch, WIDTHS="8;16")
 
 
 def test_the_step_overhead_is_measured_unless_switched_off(monkeypatch):

@@ -84,6 +84,12 @@ def test_an_adaptive_mode_without_a_profile_is_refused(pair):
     assert "SGLANG_BASTION_MODE=static needs a latency profile" in output
 
 
+def test_adaptive_widths_above_the_tree_budget_are_refused(pair):
+    env = {"SGLANG_BASTION_PROFILE": str(SHIPPED_PROFILE), "SGLANG_BASTION_WIDTHS": "8,32"}
+    output = refusal(pair, pair[1], "--speculative-num-draft-tokens", "16", env=env)
+    assert "SGLANG_BASTION_WIDTHS=8,32 lists widths above the tree budget N=16" in output
+
+
 def test_a_timing_driven_mode_under_tensor_parallelism_is_refused(pair):
     env = {"SGLANG_BASTION_MODE": "ema", "SGLANG_BASTION_PROFILE": str(SHIPPED_PROFILE)}
     output = refusal(pair, pair[1], "--tp-size", "2", env=env)

@@ -232,6 +232,7 @@ def test_adaptive_greedy_outputs_equal_the_plain_server(plain_url, adaptive_url)
     assert_all_same(plain_url, batch, run_all(adaptive_url, batch), run_all(plain_url, batch))
     state = bastion_counters(adaptive_url)
     assert state["controller"]["mode"] == "static" and state["controller"]["profile"]
+    assert state["controller"]["calibration"]["grid_residual"] is True
 
 
 def test_the_profiles_controller_verifies_smaller_trees_for_bigger_batches(profile_only_url):

@@ -4,9 +4,13 @@ One speculative cycle with N tokens per request costs C(N) = T_aux + T_verify(N)
 (drafting and tree building) is taken as constant in N and interpolated in batch size from the
 profile; T_verify builds on the roofline R(N) of the verify pass (roofline.py):
 
-    static     C = T_aux + slope * R(N) + intercept             offline calibration (default)
-    ema        C = T_aux + gamma * R(N)                          online bias on the bare roofline
-    ema_calib  C = T_aux + gamma * (slope * R(N) + intercept)    online residual on calibration
+    static     C = T_aux + V(N)              offline calibration (default)
+    ema        C = T_aux + gamma * R(N)      online bias on the bare roofline
+    ema_calib  C = T_aux + gamma * V(N)      online residual on calibration
+
+with V(N) = slope * R(N) + intercept + E(N): the calibrated roofline plus, from a profile, the
+fit's error at the measured grid points interpolated between them (residual.py), so that V
+is the measurement wherever the grid measured.
 
 gamma tracks observed / predicted verify time by ``ema_update``. L_AR, the latency of one plain
 autoregressive step, turns accepted length into speedup: S(N) = A(N) L_AR / C(N).
@@ -14,6 +18,7 @@ autoregressive step, turns accepted length into speedup: S(N) = A(N) L_AR / C(N)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +28,7 @@ import numpy as np
 import torch
 
 from sglang_bastion.budget.profile import Calibration, LatencyProfile
+from sglang_bastion.budget.residual import ResidualTable, residual_table
 from sglang_bastion.budget.roofline import Hardware, ModelShape, Scalar, roofline_ms
 
 CostMode = Literal["static", "ema", "ema_calib"]
@@ -44,6 +50,7 @@ class LatencyModel:
     calibration: Calibration
     t_aux_table: tuple[tuple[int, float], ...]  # (batch size, ms), batch sizes increasing
     l_ar_table: tuple[tuple[int, float], ...]  # (batch size, ms), batch sizes increasing
+    residual: ResidualTable | None = None  # the fit's error on the profile's grid
 
     def __post_init__(self) -> None:
         """Reject empty tables."""
@@ -51,15 +58,27 @@ class LatencyModel:
             raise ValueError("LatencyModel needs non-empty t_aux and l_ar tables")
 
     @classmethod
-    def from_profile(cls, profile: LatencyProfile, shape: ModelShape) -> LatencyModel:
-        """The model of a loaded profile for the target whose shape is ``shape``."""
-        return cls(
+    def from_profile(
+        cls, profile: LatencyProfile, shape: ModelShape, grid_residual: bool = True
+    ) -> LatencyModel:
+        """The model of a loaded profile for the target whose shape is ``shape``.
+
+        With ``grid_residual`` the verify prediction passes through the profile's measured
+        points (see residual.py); without it, it is the calibrated roofline alone.
+        """
+        model = cls(
             shape=shape,
             hardware=profile.hardware,
             calibration=profile.calibration,
             t_aux_table=profile.t_aux_ms,
             l_ar_table=profile.l_ar_ms,
         )
+        if not grid_residual:
+            return model
+        points = [
+            (p.batch_size, p.tokens_per_request, p.context_len, p.latency_ms) for p in profile.grid
+        ]
+        return dataclasses.replace(model, residual=residual_table(points, model.fit_ms))
 
     @classmethod
     def uncalibrated(
@@ -86,9 +105,16 @@ class LatencyModel:
             self.shape, self.hardware, batch, tokens, context, self.calibration.bytes_per_elem
         )
 
-    def verify_ms(self, batch: Scalar, tokens: Scalar, context: Scalar) -> torch.Tensor:
-        """Calibrated verify latency (ms); arguments broadcast."""
+    def fit_ms(self, batch: Scalar, tokens: Scalar, context: Scalar) -> torch.Tensor:
+        """The calibrated roofline slope * R + intercept (ms); arguments broadcast."""
         return self.calibration.apply(self.roofline_ms(batch, tokens, context))
+
+    def verify_ms(self, batch: Scalar, tokens: Scalar, context: Scalar) -> torch.Tensor:
+        """Predicted verify latency (ms): the fit plus the grid's residual; arguments broadcast."""
+        fit = self.fit_ms(batch, tokens, context)
+        if self.residual is None:
+            return fit
+        return fit + self.residual(batch, tokens, context).to(fit.dtype)
 
     def aux_ms(self, batch: float) -> float:
         """T_aux (ms): drafting and tree building for ``batch`` requests."""
