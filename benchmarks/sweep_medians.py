@@ -7,7 +7,8 @@ python benchmarks/sweep_medians.py FOLDER [FOLDER ...] [--output PATH.md]
 (``sweep.py --repeats R`` runs R sweeps and writes this table, with a plot, by itself.)
 
 Cells are grouped by what the server ran: ``bastion-N`` (fixed N), ``adaptive N_max=M`` (from
-the server's ``--speculative-num-draft-tokens``), with ``+ overhead`` when the controller
+the server's ``--speculative-num-draft-tokens``), then the controller mode when it is not the
+default ``static`` (``SGLANG_BASTION_MODE``), with ``+ overhead`` when the controller
 reported a measured step overhead, and every other method by name.
 """
 
@@ -29,6 +30,8 @@ def cell_label(cell: dict) -> str:
     args = cell.get("server", {}).get("args", [])
     flag = "--speculative-num-draft-tokens"
     label = f"adaptive N_max={args[args.index(flag) + 1]}" if flag in args else "adaptive"
+    mode = cell.get("server", {}).get("env", {}).get("SGLANG_BASTION_MODE", "static")
+    label += "" if mode == "static" else f" {mode}"
     return label + (" + overhead" if cell.get("controller_overhead_ms") else "")
 
 

@@ -349,6 +349,14 @@ def test_medians_label_adaptive_cells_by_n_max_and_measured_overhead() -> None:
     assert cell_label({"method": "bastion-8"}) == "bastion-8"
 
 
+def test_medians_label_an_adaptive_mode_other_than_static_by_name() -> None:
+    cell = adaptive_cell(4, 1.0, 64, overhead=True)
+    cell["server"]["env"] = {"SGLANG_BASTION_MODE": "ema_calib"}
+    assert cell_label(cell) == "adaptive N_max=64 ema_calib + overhead"
+    cell["server"]["env"] = {"SGLANG_BASTION_MODE": "static"}
+    assert cell_label(cell) == "adaptive N_max=64 + overhead"
+
+
 def test_medians_compare_each_setup_with_the_best_fixed_n_median(tmp_path: Path) -> None:
     runs = [(500.0, 520.0, 510.0), (540.0, 500.0, 530.0), (520.0, 510.0, 500.0)]
     folders = []
