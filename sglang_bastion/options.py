@@ -61,8 +61,11 @@ class BastionOptions:
             trace_steps=_int_env(ENV_TRACE_STEPS, cls.trace_steps),
         )
 
-    def validate(self) -> None:
-        """Raise ValueError naming the variable when a knob is out of range."""
+    def validate(self, max_nodes: int | None = None) -> None:
+        """Raise ValueError naming the variable when a knob is out of range.
+
+        ``max_nodes``: the server's --speculative-num-draft-tokens (None: the default N).
+        """
         if not 1 <= self.top_k <= 64:
             raise ValueError(f"{ENV_TOP_K}={self.top_k} must be between 1 and 64")
         if self.default_max_nodes < 1:
@@ -79,6 +82,12 @@ class BastionOptions:
             raise ValueError(f"{ENV_LAYOUT}={self.layout} must be one of {', '.join(LAYOUTS)}")
         if self.widths and min(self.widths) < 1:
             raise ValueError(f"{ENV_WIDTHS}={_csv(self.widths)} must list widths of at least 1")
+        nodes = max_nodes or self.default_max_nodes
+        if self.widths and max(self.widths) > nodes:
+            raise ValueError(
+                f"{ENV_WIDTHS}={_csv(self.widths)} lists widths above the tree budget "
+                f"N={nodes}: raise --speculative-num-draft-tokens or drop those widths"
+            )
         if not 0 < self.ema_alpha <= 1:
             raise ValueError(f"{ENV_EMA_ALPHA}={self.ema_alpha} must be in (0, 1]")
         if self.trace_steps < 1:

@@ -15,12 +15,7 @@ from typing import Any
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from sglang_bastion.options import (
-    ENV_PROFILE,
-    ENV_RESOLVED_MAX_NODES,
-    ENV_WIDTHS,
-    BastionOptions,
-)
+from sglang_bastion.options import ENV_PROFILE, ENV_RESOLVED_MAX_NODES, BastionOptions
 
 TREE_VERIFY_BACKENDS = ("flashinfer", "triton", "bastion_cpu")
 
@@ -150,15 +145,9 @@ def validate_server_args(server_args: Any) -> None:
     check_drafter_matches_target(server_args.model_path, drafter)
     try:
         options = BastionOptions.from_env()
-        options.validate()
+        options.validate(server_args.speculative_num_draft_tokens)
     except ValueError as error:
         raise BastionConfigError(str(error)) from None
-    nodes = server_args.speculative_num_draft_tokens or options.default_max_nodes
-    if options.widths and max(options.widths) > nodes:
-        raise BastionConfigError(
-            f"{ENV_WIDTHS}={','.join(map(str, options.widths))} lists widths above the tree "
-            f"budget N={nodes}: raise --speculative-num-draft-tokens or drop those widths"
-        )
     tp_size = getattr(server_args, "tp_size", 1) or 1
     if tp_size > 1 and options.resolved_mode in ("ema", "ema_calib"):
         raise BastionConfigError(

@@ -18,10 +18,9 @@ autoregressive step, turns accepted length into speedup: S(N) = A(N) L_AR / C(N)
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -78,7 +77,7 @@ class LatencyModel:
         points = [
             (p.batch_size, p.tokens_per_request, p.context_len, p.latency_ms) for p in profile.grid
         ]
-        return dataclasses.replace(model, residual=residual_table(points, model.fit_ms))
+        return replace(model, residual=residual_table(points, model.fit_ms))
 
     @classmethod
     def uncalibrated(
