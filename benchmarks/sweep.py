@@ -16,9 +16,11 @@ same folder skips the cells already measured with the same server setup. With ``
 the whole sweep runs R times into <folder>/r1..rR, each round starting the methods at a
 different point of the list (round i is rotated by i*M/R of M methods), so slow drift of a
 shared host's load falls on every method alike; <folder>/medians.{md,png} then compare each
-method's median with the best fixed tree size's (`sweep_medians.py`). Without a visible
-CUDA device every method runs with the CPU recipe (bastion_cpu attention, bfloat16,
-TRITON_INTERPRET=1).
+method's median with the best fixed tree size's (`sweep_medians.py`). ``bastion-adaptive`` runs
+the worker's default controller mode (or ``--adaptive-mode``); ``bastion-adaptive-static``,
+``-ema`` and ``-ema_calib`` name a mode each, so one sweep can compare them side by side.
+Without a visible CUDA device every method runs with the CPU recipe (bastion_cpu attention,
+bfloat16, TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ Key = tuple[str, int]  # (setup label, concurrency)
 
 def cell_label(cell: dict) -> str:
     """The server setup a cell measured (see the module docstring)."""
-    if cell["method"] != "bastion-adaptive":
+    if not cell["method"].startswith("bastion-adaptive"):
         return cell["method"]
     args = cell.get("server", {}).get("args", [])
     flag = "--speculative-num-draft-tokens"

@@ -28,6 +28,9 @@ CPU_ARGS = [
 ]  # fmt: skip
 PASSTHROUGH_ENV = ("SGLANG_BASTION_TOPK", "OMP_NUM_THREADS")
 BASTION_PATTERN = re.compile(r"bastion-(\d+)")
+# bastion-adaptive runs the worker's default mode (or --adaptive-mode); a suffix names the
+# mode of that method alone, so that one sweep can compare modes side by side.
+ADAPTIVE_PATTERN = re.compile(r"bastion-adaptive(?:-(static|ema|ema_calib))?")
 
 
 @dataclass(frozen=True)
@@ -79,20 +82,21 @@ def parse_methods(
         elif match := BASTION_PATTERN.fullmatch(name):
             args = speculative_args("BASTION", drafter, int(match.group(1)))
             methods.append(Method(name, args, {"SGLANG_BASTION_MODE": "fixed"}, "BASTION"))
-        elif name == "bastion-adaptive":
+        elif adaptive := ADAPTIVE_PATTERN.fullmatch(name):
             if profile is None:
-                raise ValueError("method bastion-adaptive needs --profile (a latency profile)")
+                raise ValueError(f"method {name} needs --profile (a latency profile)")
             n_max = adaptive_max_nodes or max(fixed, default=32)
             # With a profile the worker's controller is adaptive (its default mode, or the
             # one named: static, ema, ema_calib).
             env = {"SGLANG_BASTION_PROFILE": str(profile)}
-            if adaptive_mode:
-                env["SGLANG_BASTION_MODE"] = adaptive_mode
+            if mode := adaptive.group(1) or adaptive_mode:
+                env["SGLANG_BASTION_MODE"] = mode
             args = speculative_args("BASTION", drafter, n_max)
             methods.append(Method(name, args, env, "BASTION"))
         else:
             raise ValueError(
-                f"unknown method {name!r}: use none, dflash, eagle3, bastion-<N>, bastion-adaptive"
+                f"unknown method {name!r}: use none, dflash, eagle3, bastion-<N>, "
+                "bastion-adaptive or bastion-adaptive-<static|ema|ema_calib>"
             )
     return methods
 

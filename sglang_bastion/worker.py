@@ -124,7 +124,8 @@ class BastionWorker(DFlashWorkerV2):
     def bastion_state(self) -> dict[str, Any]:
         """The controller's identity and running averages (SGLang's /server_info)."""
         overhead = {str(b): round(ms, 3) for b, ms in sorted(self.budget.overhead_ms.items())}
-        controller = {**self.profile_info, "gamma": self.budget.gamma, "overhead_ms": overhead}
+        gamma = {str(b): round(g, 4) for b, g in sorted(self.budget.gamma.items())}
+        controller = {**self.profile_info, "gamma": gamma, "overhead_ms": overhead}
         return {"controller": controller, "top_k": self.top_k, **self.stats.as_dict()}
 
     def _maybe_build_draft_sampler(self, *args: Any, **kwargs: Any) -> None:
@@ -236,7 +237,8 @@ class BastionWorker(DFlashWorkerV2):
                 "BASTION step: batch %d, width %d, sizes %s, verify predicted %s ms, observed "
                 "%.2f ms, gamma %.3f, step overhead priced %.2f ms",
                 len(decision.sizes), decision.width, decision.sizes.tolist(),
-                _ms(decision.predicted_verify_ms), verify_ms, self.budget.gamma,
+                _ms(decision.predicted_verify_ms), verify_ms,
+                self.budget.gamma_at(len(decision.sizes)),
                 decision.overhead_ms,
             )  # fmt: skip
 

@@ -77,15 +77,38 @@ def test_ema_gamma_tracks_observed_over_predicted_verify_time():
     batch = trees(2)
     for _ in range(30):  # the hardware is twice as slow as the roofline says
         decision = budget.decide(batch, torch.full((2,), 128))
-        budget.observe(decision, 2 * decision.predicted_verify_ms / budget.gamma)
-    assert budget.gamma == pytest.approx(2.0, rel=1e-3)
+        budget.observe(decision, 2 * decision.predicted_verify_ms / budget.gamma_at(2))
+    assert budget.gamma_at(2) == pytest.approx(2.0, rel=1e-3)
+
+
+def test_ema_gamma_is_kept_per_batch_size():
+    budget = LiveBudget("ema_calib", 64, "uniform", model(), ema_alpha=1.0)
+    for batch, slowdown in ((1, 1.0), (4, 1.5)):
+        decision = budget.decide(trees(batch), torch.full((batch,), 128))
+        budget.observe(decision, slowdown * decision.predicted_verify_ms)
+    assert budget.gamma == {1: pytest.approx(1.0), 4: pytest.approx(1.5)}
+
+
+def test_an_unobserved_batch_size_takes_the_nearest_gamma():
+    budget = LiveBudget("ema_calib", 64, "uniform", model(), gamma={1: 1.1, 8: 1.4})
+    assert (budget.gamma_at(3), budget.gamma_at(6), budget.gamma_at(32)) == (1.1, 1.4, 1.4)
+    assert LiveBudget("ema", 64, "uniform", model()).gamma_at(4) == 1.0
+
+
+def test_ema_calib_prices_a_batch_size_by_its_own_gamma():
+    budget = LiveBudget("ema_calib", 64, "uniform", model(), gamma={1: 1.0, 4: 2.0})
+    static = LiveBudget("static", 64, "uniform", model())
+    for batch, gamma in ((1, 1.0), (4, 2.0)):
+        aux = budget.model.aux_ms(batch)
+        verify = budget.cost_vector_ms(batch, 128) - aux
+        assert torch.allclose(verify, gamma * (static.cost_vector_ms(batch, 128) - aux))
 
 
 def test_static_mode_ignores_observed_times():
     budget = LiveBudget("static", 64, "uniform", model())
     decision = budget.decide(trees(2), torch.full((2,), 128))
     budget.observe(decision, 100.0)
-    assert budget.gamma == 1.0 and budget.observed_steps == 1
+    assert budget.gamma == {} and budget.observed_steps == 1
 
 
 def test_a_slower_observed_verify_makes_ema_choose_smaller_trees():

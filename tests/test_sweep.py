@@ -73,6 +73,21 @@ def test_adaptive_method_may_name_the_controller_mode() -> None:
     assert adaptive.env["SGLANG_BASTION_MODE"] == "ema"
 
 
+def test_an_adaptive_method_suffix_names_its_own_mode_beside_the_default() -> None:
+    names = ["bastion-adaptive", "bastion-adaptive-ema_calib", "bastion-adaptive-static"]
+    default, ema_calib, static = parse_methods(names, DRAFTER, None, Path("p.json"))
+    assert "SGLANG_BASTION_MODE" not in default.env
+    assert ema_calib.env["SGLANG_BASTION_MODE"] == "ema_calib"
+    assert static.env["SGLANG_BASTION_MODE"] == "static"
+
+
+def test_medians_label_a_suffixed_adaptive_method_by_its_mode() -> None:
+    cell = adaptive_cell(4, 1.0, 64, overhead=False)
+    cell["method"] = "bastion-adaptive-ema_calib"
+    cell["server"]["env"] = {"SGLANG_BASTION_MODE": "ema_calib"}
+    assert cell_label(cell) == "adaptive N_max=64 ema_calib"
+
+
 def test_dflash_and_none_use_sglang_own_settings() -> None:
     none, dflash = parse_methods(["none", "dflash"], DRAFTER)
     assert none.args == [] and none.algorithm == "NONE"
@@ -83,7 +98,7 @@ def test_dflash_and_none_use_sglang_own_settings() -> None:
 @pytest.mark.parametrize(
     ("names", "missing"),
     [(["bastion-adaptive"], "--profile"), (["eagle3"], "--eagle-draft-model-path"),
-     (["dflash-ish"], "unknown method")],
+     (["dflash-ish"], "unknown method"), (["bastion-adaptive-fast"], "unknown method")],
 )  # fmt: skip
 def test_methods_that_cannot_run_are_refused_naming_the_fix(names: list, missing: str) -> None:
     with pytest.raises(ValueError, match=missing):

@@ -12,8 +12,9 @@ with V(N) = slope * R(N) + intercept + E(N): the calibrated roofline plus, from 
 fit's error at the measured grid points interpolated between them (residual.py), so that V
 is the measurement wherever the grid measured.
 
-gamma tracks observed / predicted verify time by ``ema_update``. L_AR, the latency of one plain
-autoregressive step, turns accepted length into speedup: S(N) = A(N) L_AR / C(N).
+gamma tracks observed / predicted verify time by ``ema_update`` (one per batch size: live.py).
+L_AR, the latency of one plain autoregressive step, turns accepted length into speedup:
+S(N) = A(N) L_AR / C(N).
 """
 
 from __future__ import annotations

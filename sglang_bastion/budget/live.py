@@ -12,7 +12,10 @@ target pass). Modes:
   - layout ``ragged``: each request stops at its own first drop of A_hat(n) L_AR / C(n)
     (controller.per_request_sizes), and W is the largest of those sizes (the verify pass
     pads the others).
-  The ema modes scale the verify prediction by gamma, updated from observed verify times.
+  The ema modes scale the verify prediction by gamma, the EMA of observed / predicted verify
+  time, one per batch size (a batch size not yet observed takes the nearest one's): how much
+  slower the served pass runs than predicted depends on the batch (on a shared CPU, the
+  tokenizer, detokenizer and clients take more of it as more requests stream).
 
 The model prices the draft (T_aux) and the verify pass; a served decode step also spends time
 the profile cannot see: acceptance, KV moves, the scheduler and output processing between two
@@ -66,7 +69,7 @@ class LiveBudget:
     layout: str = "uniform"  # "uniform" or "ragged"
     model: LatencyModel | None = None
     ema_alpha: float = 0.1
-    gamma: float = 1.0
+    gamma: dict[int, float] = field(default_factory=dict)  # batch size -> EMA (ema modes)
     observed_steps: int = field(default=0)
     context_bucket: int = 16  # mean contexts are priced at the nearest multiple of this
     widths: tuple[int, ...] = ()  # allowed verify widths; () means width_ladder(max_nodes)
@@ -113,16 +116,16 @@ class LiveBudget:
             tokens = torch.arange(1, self.max_nodes + 1, dtype=torch.float64)  # [N]
             price = self.model.roofline_ms if self.mode == "ema" else self.model.verify_ms
             verify = self._verify_cache.setdefault(key, price(batch, tokens, bucket))
-        scale = 1.0 if self.mode == "static" else self.gamma
+        scale = 1.0 if self.mode == "static" else self.gamma_at(batch)
         return self.model.aux_ms(batch) + scale * verify
+
+    def gamma_at(self, batch: int) -> float:
+        """The verify price's online scale at this batch size (nearest observed; 1 before any)."""
+        return _nearest(self.gamma, batch, 1.0)
 
     def step_overhead_ms(self, batch: int) -> float:
         """Measured per-step time beyond the model's cycle: this batch size's, else the nearest."""
-        if not self.overhead_ms:
-            return 0.0
-        if batch in self.overhead_ms:
-            return self.overhead_ms[batch]
-        return self.overhead_ms[min(self.overhead_ms, key=lambda b: (abs(b - batch), b))]
+        return _nearest(self.overhead_ms, batch, 0.0)
 
     def observe_period(self, decision: Decision, batch: int, period_ms: float) -> None:
         """Fold one decode step's period (its start to the next step's start) into the overhead."""
@@ -136,13 +139,24 @@ class LiveBudget:
         self.overhead_ms[batch] = sample if old is None else old + self.ema_alpha * (sample - old)
 
     def observe(self, decision: Decision, verify_ms: float) -> None:
-        """Fold an observed verify time into gamma (ema modes; otherwise only counted)."""
+        """Fold an observed verify time into its batch size's gamma (ema modes; else counted)."""
         self.observed_steps += 1
         if self.mode in ("ema", "ema_calib") and decision.predicted_verify_ms:
-            bare = decision.predicted_verify_ms / self.gamma  # the prediction before gamma
-            self.gamma = ema_update(self.gamma, verify_ms, bare, self.ema_alpha)
+            batch = decision.sizes.numel()
+            gamma = self.gamma_at(batch)
+            bare = decision.predicted_verify_ms / gamma  # the prediction before gamma
+            self.gamma[batch] = ema_update(gamma, verify_ms, bare, self.ema_alpha)
 
     @property
     def needs_timing(self) -> bool:
         """Whether decisions depend on observed step times."""
         return self.mode in ("ema", "ema_calib")
+
+
+def _nearest(table: dict[int, float], batch: int, default: float) -> float:
+    """The table's value at this batch size, else at the nearest (the smaller on ties)."""
+    if batch in table:
+        return table[batch]
+    if not table:
+        return default
+    return table[min(table, key=lambda b: (abs(b - batch), b))]
