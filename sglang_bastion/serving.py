@@ -43,10 +43,24 @@ def make_budget(worker: Any, options: BastionOptions, max_nodes: int) -> LiveBud
     measure = measures_overhead(options, getattr(worker.server_args, "tp_size", 1) or 1)
     if options.measure_overhead and not measure:
         logger.info("BASTION: step overhead not measured under tensor parallelism")
-    return LiveBudget(
+    budget = LiveBudget(
         mode=mode, max_nodes=max_nodes, layout=options.layout, model=model,
         ema_alpha=options.ema_alpha, measure_overhead=measure, widths=options.widths,
     )  # fmt: skip
+    measured = max(p.tokens_per_request for p in profile.grid)
+    if unmeasured := unmeasured_widths(budget.widths, measured):
+        logger.warning(
+            "BASTION: the profile measured verify widths up to %d tokens per request; widths "
+            "%s are priced by extrapolating its fit. To measure them, recalibrate with "
+            "bastion-calibrate ... --speculative-num-draft-tokens %d",
+            measured, ", ".join(map(str, unmeasured)), max_nodes,
+        )  # fmt: skip
+    return budget
+
+
+def unmeasured_widths(widths: tuple[int, ...], measured_up_to: int) -> list[int]:
+    """The controller's widths beyond the largest the profile measured (priced by the fit)."""
+    return [w for w in widths if w > measured_up_to]
 
 
 def measures_overhead(options: BastionOptions, tp_size: int) -> bool:

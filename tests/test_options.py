@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_bastion.options import BastionOptions
-from sglang_bastion.serving import measures_overhead
+from sglang_bastion.serving import measures_overhead, unmeasured_widths
 
 
 def options(monkeypatch, **env: str) -> BastionOptions:
@@ -76,3 +76,8 @@ def test_the_step_overhead_is_never_measured_under_tensor_parallelism(monkeypatc
     assert measures_overhead(options(monkeypatch), tp_size=1) is True
     assert measures_overhead(options(monkeypatch), tp_size=2) is False
     assert measures_overhead(options(monkeypatch, MEASURE_OVERHEAD="0"), tp_size=1) is False
+
+
+def test_widths_beyond_the_profiles_largest_measured_width_are_named():
+    assert unmeasured_widths((1, 2, 4, 8, 12, 16, 24, 32, 48, 64), 32) == [48, 64]
+    assert unmeasured_widths((1, 2, 4, 8, 16), 32) == []
