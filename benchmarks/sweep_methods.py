@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglang_bastion.budget.latency import COST_MODES
+
 ROOT = Path(__file__).resolve().parent.parent
 # SGLang on a CPU needs these (an empty vllm._custom_ops module; DFLASH's GPU-only start-up
 # gate, record_stream and cache-location helper): the same stand-ins the server tests use.
@@ -30,7 +32,7 @@ PASSTHROUGH_ENV = ("SGLANG_BASTION_TOPK", "OMP_NUM_THREADS")
 BASTION_PATTERN = re.compile(r"bastion-(\d+)")
 # bastion-adaptive runs the worker's default mode (or --adaptive-mode); a suffix names the
 # mode of that method alone, so that one sweep can compare modes side by side.
-ADAPTIVE_PATTERN = re.compile(r"bastion-adaptive(?:-(static|ema|ema_calib))?")
+ADAPTIVE_PATTERN = re.compile(rf"bastion-adaptive(?:-({'|'.join(COST_MODES)}))?")
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ def parse_methods(
         else:
             raise ValueError(
                 f"unknown method {name!r}: use none, dflash, eagle3, bastion-<N>, "
-                "bastion-adaptive or bastion-adaptive-<static|ema|ema_calib>"
+                f"bastion-adaptive or bastion-adaptive-<{'|'.join(COST_MODES)}>"
             )
     return methods
 
