@@ -13,7 +13,10 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+if str(ROOT) not in sys.path:  # the trainer and the trained pairs are read from the repository
+    sys.path.insert(0, str(ROOT))
 
 
 def median_us(fn: Callable[[], object], repeats: int = 30, warmup: int = 5) -> float:

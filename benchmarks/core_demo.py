@@ -28,8 +28,8 @@ from tqdm import tqdm
 
 from sglang_bastion.budget import HARDWARE, Hardware, LatencyModel, ModelShape, cost_vector_ms
 from sglang_bastion.controller import per_request_sizes, uniform_width
-from sglang_bastion.training.corpus import split_files, stdlib_files
 from sglang_bastion.tree import TreeBatch, accept_path, build_trees
+from training.corpus import split_files, stdlib_files
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 256  # byte-level tokens

@@ -5,7 +5,7 @@ python benchmarks/pair_acceptance.py [--pair training/pair] [--prompts 64] [--ne
 
 At temperature 0 the committed text is the target's greedy continuation whatever is drafted,
 so speculative decoding can be replayed exactly offline: the target continues held-out
-prompts greedily once; at every step the drafter (``sglang_bastion.training.drafter``, the
+prompts greedily once; at every step the drafter (``training.drafter``, the
 same computation as SGLang's DFlash model) drafts a block from the context features of all
 committed tokens, trees are built from its marginals, the accepted path is the deepest node
 whose path spells the continuation, and the next step starts after the bonus token. Reports
@@ -27,11 +27,11 @@ from core_demo import calibration_table, pearson, true_path
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from sglang_bastion.training.corpus import read_texts, split_files, stdlib_files, stdlib_root
-from sglang_bastion.training.drafter import DFlashDrafter
-from sglang_bastion.training.target import features, greedy, load_target
-from sglang_bastion.training.train import HELD_OUT_PERCENT, token_stream
 from sglang_bastion.tree import accept_path, build_trees
+from training.corpus import read_texts, split_files, stdlib_files, stdlib_root
+from training.drafter import DFlashDrafter
+from training.target import features, greedy, load_target
+from training.train import HELD_OUT_PERCENT, token_stream
 
 ROOT = Path(__file__).resolve().parent.parent
 

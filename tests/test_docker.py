@@ -31,8 +31,9 @@ def test_the_image_starts_from_the_official_sglang_release_the_package_pins() ->
 def test_the_image_installs_the_package_without_touching_sglang_or_torch() -> None:
     text = (DOCKER / "Dockerfile").read_text()
     assert re.search(r"pip install --no-cache-dir --no-deps \.", text)
-    for folder in ("sglang_bastion", "kernels", "calibration", "training"):  # package-dir map
+    for folder in ("sglang_bastion", "kernels", "calibration"):  # package-dir map
         assert f"COPY {folder} ./{folder}" in text
+    assert "COPY training" not in text  # the trainer and the trained pairs are not installed
 
 
 def test_compose_launches_a_bastion_server_from_the_environment() -> None:

@@ -30,8 +30,8 @@ from server_utils import (
 )
 
 from sglang_bastion.calibration.hardware import device_name
-from sglang_bastion.training.drafter import DFlashDrafter
-from sglang_bastion.training.target import features, load_target
+from training.drafter import DFlashDrafter
+from training.target import features, load_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import simulate

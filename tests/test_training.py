@@ -11,10 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sglang_bastion.training.drafter import DFlashDrafter
-from sglang_bastion.training.target import features, load_target
+from training.drafter import DFlashDrafter
+from training.target import features, load_target
 
-PAIR = Path(__file__).resolve().parent.parent / "training" / "pair"
+ROOT = Path(__file__).resolve().parent.parent
+PAIR = ROOT / "training" / "pair"
 
 
 def test_the_shipped_pair_is_in_the_formats_sglang_loads():
@@ -59,8 +60,8 @@ def test_the_drafter_predicts_the_targets_next_tokens_on_held_out_code():
 @pytest.mark.slow
 def test_training_is_deterministic_from_the_seed(tmp_path):
     def train(out: Path) -> bytes:
-        command = [sys.executable, "-m", "sglang_bastion.training.train", "--quick"]
-        subprocess.run([*command, "--out", str(out), "--seed", "3"], check=True,
+        command = [sys.executable, "-m", "training.train", "--quick"]
+        subprocess.run([*command, "--out", str(out), "--seed", "3"], check=True, cwd=ROOT,
                        capture_output=True, timeout=300)  # fmt: skip
         return (out / "drafter" / "model.safetensors").read_bytes()
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from sglang_bastion.training.corpus import read_texts, stdlib_files, stdlib_root
-from sglang_bastion.training.formats import (
+from training.corpus import read_texts, stdlib_files, stdlib_root
+from training.formats import (
     Qwen3Shape,
     drafter_config,
     qwen3_config,

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from sglang_bastion.training.formats import Qwen3Shape
+from training.formats import Qwen3Shape
 
 
 def new_target(shape: Qwen3Shape, vocab: int, seed: int) -> Qwen3ForCausalLM:

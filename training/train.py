@@ -1,6 +1,6 @@
 """Train the tiny target/drafter pair from scratch on the standard library's code.
 
-python -m sglang_bastion.training.train [--out training/pair] [--seed 0] [--quick]
+python -m training.train [--out training/pair] [--seed 0] [--quick]
 
 One command, deterministic from ``--seed`` on a given machine kind, about 20-25 minutes on two
 CPU cores (bfloat16 autocast). Four stages:
@@ -34,9 +34,9 @@ from torch.nn import functional as F
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase, Qwen3ForCausalLM
 
-from sglang_bastion.training.corpus import read_texts, split_files, stdlib_files, stdlib_root
-from sglang_bastion.training.drafter import DFlashDrafter
-from sglang_bastion.training.formats import (
+from training.corpus import read_texts, split_files, stdlib_files, stdlib_root
+from training.drafter import DFlashDrafter
+from training.formats import (
     MASK_TOKEN,
     Qwen3Shape,
     drafter_config,
@@ -44,7 +44,7 @@ from sglang_bastion.training.formats import (
     save_model,
     train_tokenizer,
 )
-from sglang_bastion.training.target import features, greedy, new_target
+from training.target import features, greedy, new_target
 
 HELD_OUT_PERCENT = 10
 TARGET_SHAPE = Qwen3Shape(hidden=256, layers=4, heads=4, kv_heads=2, head_dim=64, intermediate=768)
