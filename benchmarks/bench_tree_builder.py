@@ -1,12 +1,11 @@
-"""Batched `build_trees` against the per-request heap builder (DDTree's method), on CPU.
+"""The tree build's CPU path (the compiled merge) against its per-request heap reference.
 
 python benchmarks/bench_tree_builder.py [--quick] [--output-json PATH]
 
-Both builders get the same marginals (softmax of 2 * randn, fixed seed) at D = 15, K = 8,
-V = 300 and return the same TreeBatch; their A_hat curves are checked equal before timing.
-`build_trees` takes its CPU path (the compiled merge where it was built); the torch pools it
-would take with ``SGLANG_BASTION_DISABLE_KERNELS=1`` are timed beside it. Calls alternate,
-after a warm-up, and the table reports the medians.
+Both builders get the same top-K marginals (softmax of 2 * randn, fixed seed, D = 15, K = 8,
+V = 300) and must return the same trees before they are timed. The heap reference is
+DDTree's method (`build_trees_reference`), the compiled merge what `build_trees_from_top_k`
+runs on CPU tensors. Calls alternate, after a warm-up, and the table reports the medians.
 """
 
 from __future__ import annotations
@@ -19,13 +18,12 @@ from pathlib import Path
 
 import torch
 from common import markdown_table, write_results
-from heap_builder import heap_build_trees
 
-from sglang_bastion.tree import build_trees
-from sglang_bastion.tree.builder import _build, _choose_groups, _choose_strategy, _strategy_for
+from sglang_bastion.tree.builder import build_trees_compiled, build_trees_reference
 
 DEPTH, TOP_K, VOCAB = 15, 8, 300
-COLUMNS = ["B", "N", "path", "batched_us", "torch_pools_us", "heap_us", "speedup"]
+COLUMNS = ["B", "N", "compiled_us", "heap_us", "speedup"]
+FIELDS = ("token_ids", "parents", "depths", "log_scores", "num_nodes")
 
 
 def interleaved_medians(fns: list[Callable[[], object]], repeats: int, warmup: int) -> list[float]:
@@ -42,18 +40,12 @@ def interleaved_medians(fns: list[Callable[[], object]], repeats: int, warmup: i
     return [statistics.median(acc) * 1e6 for acc in times]
 
 
-def check_same_trees(probs: torch.Tensor, roots: torch.Tensor, max_nodes: int) -> None:
-    """All three builders give every request the same node count and the same A_hat curve."""
-    heap = heap_build_trees(probs, roots, top_k=TOP_K, max_nodes=max_nodes)
-    for ours in (
-        build_trees(probs, roots, top_k=TOP_K, max_nodes=max_nodes),
-        torch_pools(probs, roots, max_nodes),
-    ):
-        ours.check()
-        assert torch.equal(ours.num_nodes, heap.num_nodes)
-        torch.testing.assert_close(
-            ours.surrogate().double(), heap.surrogate().double(), rtol=1e-5, atol=1e-6
-        )
+def check_same_trees(top: tuple[torch.Tensor, torch.Tensor], roots: torch.Tensor, n: int) -> None:
+    """Both builders give every request the same tree (the marginals are tie-free)."""
+    heap = build_trees_reference(*top, roots, max_nodes=n)
+    compiled = build_trees_compiled(*top, roots, max_nodes=n)
+    for name in FIELDS:
+        assert torch.equal(getattr(compiled, name), getattr(heap, name)), name
 
 
 def repeat_count(batch: int, quick: bool) -> int:
@@ -64,20 +56,6 @@ def repeat_count(batch: int, quick: bool) -> int:
 def repeats_note(quick: bool) -> str:
     """The repeat counts, as the results note states them."""
     return ", ".join(f"{repeat_count(b, quick)} (B={b})" for b in (1, 8, 64))
-
-
-def path_name(probs: torch.Tensor, roots: torch.Tensor, max_nodes: int) -> str:
-    """Which exact path `build_trees` takes at this size (see the builder's docstring)."""
-    strategy = _strategy_for(probs, roots, DEPTH, TOP_K, max_nodes)
-    grouped = _choose_groups(probs.shape[0] * DEPTH, VOCAB, TOP_K, probs.device) > 0
-    return strategy + (" + grouped top-K" if grouped else "")
-
-
-def torch_pools(probs: torch.Tensor, roots: torch.Tensor, max_nodes: int) -> object:
-    """`build_trees` on the torch pools it takes with the compiled kernels disabled."""
-    strategy = _choose_strategy(DEPTH, TOP_K, max_nodes)
-    groups = _choose_groups(probs.shape[0] * DEPTH, VOCAB, TOP_K, probs.device)
-    return _build(probs, roots, TOP_K, max_nodes, strategy, groups)
 
 
 def main() -> None:
@@ -94,29 +72,24 @@ def main() -> None:
     for batch, max_nodes in sizes:
         torch.manual_seed(0)
         probs = torch.softmax(2 * torch.randn(batch, DEPTH, VOCAB), dim=-1)
+        top = probs.topk(TOP_K, dim=-1)  # [B, D, K] each
         roots = torch.zeros(batch, dtype=torch.long)
-        check_same_trees(probs, roots, max_nodes)
-        repeats = repeat_count(batch, args.quick)
-        batched_us, torch_us, heap_us = interleaved_medians(
+        check_same_trees(top, roots, max_nodes)
+        compiled_us, heap_us = interleaved_medians(
             [
-                lambda p=probs, r=roots, n=max_nodes: build_trees(p, r, top_k=TOP_K, max_nodes=n),
-                lambda p=probs, r=roots, n=max_nodes: torch_pools(p, r, n),
-                lambda p=probs, r=roots, n=max_nodes: heap_build_trees(
-                    p, r, top_k=TOP_K, max_nodes=n
-                ),
+                lambda t=top, r=roots, n=max_nodes: build_trees_compiled(*t, r, max_nodes=n),
+                lambda t=top, r=roots, n=max_nodes: build_trees_reference(*t, r, max_nodes=n),
             ],
-            repeats=repeats,
+            repeats=repeat_count(batch, args.quick),
             warmup=2 if args.quick else 10,
         )
         rows.append(
             {
                 "B": batch,
                 "N": max_nodes,
-                "path": path_name(probs, roots, max_nodes),
-                "batched_us": batched_us,
-                "torch_pools_us": torch_us,
+                "compiled_us": compiled_us,
                 "heap_us": heap_us,
-                "speedup": heap_us / batched_us,
+                "speedup": heap_us / compiled_us,
             }
         )
     print(markdown_table(rows, COLUMNS))
@@ -125,18 +98,17 @@ def main() -> None:
             "tree_builder_cpu",
             rows,
             COLUMNS,
-            f"build_trees vs the per-request heap builder (CPU, D={DEPTH}, K={TOP_K}, V={VOCAB})",
+            f"compiled tree build vs its heap reference (CPU, D={DEPTH}, K={TOP_K}, V={VOCAB})",
             args.output_json,
         )
         slower = [f"B={r['B']} N={r['N']}" for r in rows if r["speedup"] < 1]
         with path.with_suffix(".md").open("a") as md:
             md.write(
                 f"\nMicroseconds per call: medians of {repeats_note(args.quick)} calls of each "
-                "builder taken in turn, after a warm-up, on the same inputs; both builders are "
-                "first checked to give every request the same A_hat curve. `batched_us` is "
-                "`build_trees` as dispatched (path column), `torch_pools_us` the torch pools it "
-                "uses with SGLANG_BASTION_DISABLE_KERNELS=1, and speedup is heap_us / "
-                "batched_us. Heap faster at: "
+                "builder taken in turn, after a warm-up, on the same top-K inputs; both are "
+                "first checked to give the same trees. `compiled_us` is the C merge the server "
+                "runs on CPU, `heap_us` the per-request heap (DDTree's method, the tests' "
+                "reference), speedup heap_us / compiled_us. Heap faster at: "
                 f"{', '.join(slower) or 'none'}.\n"
             )
         print(f"wrote {path} and {path.with_suffix('.md')}")

@@ -9,34 +9,13 @@ calibration fit absorbs what the probe misses, as it does for datasheet numbers.
 
 from __future__ import annotations
 
-import platform
 import time
-from pathlib import Path
 
 import torch
 
 from sglang_bastion.budget import Hardware
+from sglang_bastion.budget.identity import device_name
 from sglang_bastion.calibration.timing import synchronize
-
-
-def device_name(device: torch.device) -> str:
-    """A readable name of the device kind: the CUDA device name, or the CPU model."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    if device.type == "cpu":
-        return f"CPU {cpu_model()}"
-    return device.type
-
-
-def cpu_model() -> str:
-    """The CPU model string from /proc/cpuinfo, else what the platform module reports."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def device_hardware(device: torch.device, dtype: torch.dtype) -> Hardware:

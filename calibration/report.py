@@ -6,9 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sglang_bastion.budget import LatencyProfile, ModelShape, build_profile, save_profile
+from sglang_bastion.budget.identity import device_name, worker_identity
 from sglang_bastion.calibration.figure import plot_profile
-from sglang_bastion.calibration.hardware import device_hardware, device_name
-from sglang_bastion.calibration.identity import worker_identity
+from sglang_bastion.calibration.hardware import device_hardware
 from sglang_bastion.calibration.measure import Measurements
 from sglang_bastion.calibration.runtime import Runtime
 

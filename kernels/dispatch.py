@@ -1,27 +1,18 @@
-"""When the tree-path helpers run a compiled kernel rather than the pure-torch reference."""
+"""When an op runs a compiled kernel rather than its pure-torch reference."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-# Set to 1 to force the torch references even on CUDA or CPU tensors (debugging, A/B timing).
-ENV_DISABLE = "SGLANG_BASTION_DISABLE_KERNELS"
+
+def use_triton(*tensors: torch.Tensor, kernels: bool = True) -> bool:
+    """True when kernels are on and every tensor is on a CUDA device."""
+    return kernels and all(t.is_cuda for t in tensors)
 
 
-def use_triton(*tensors: torch.Tensor) -> bool:
-    """True when every tensor is on a CUDA device and the kernels are not disabled."""
-    if os.environ.get(ENV_DISABLE, "") not in ("", "0"):
-        return False
-    return all(t.is_cuda for t in tensors)
-
-
-def use_compiled_cpu(*tensors: torch.Tensor) -> bool:
-    """True when every tensor is on the CPU and the kernels are not disabled."""
-    if os.environ.get(ENV_DISABLE, "") not in ("", "0"):
-        return False
-    return all(t.device.type == "cpu" for t in tensors)
+def use_compiled_cpu(*tensors: torch.Tensor, kernels: bool = True) -> bool:
+    """True when kernels are on and every tensor is on the CPU."""
+    return kernels and all(t.device.type == "cpu" for t in tensors)
 
 
 def next_power_of_2(n: int) -> int:

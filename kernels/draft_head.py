@@ -99,16 +99,17 @@ def topk_softmax_triton(
     )  # fmt: skip
     _merge_kernel[(rows,)](
         part_val, part_idx, part_m, part_l, splits, probs, ids,
-        K=top_k, KP=kp, SP=next_power_of_2(splits),
+        K=top_k, KP=kp, SP=next_power_of_2(chunks),  # vocabulary-bound, not batch-bound
     )  # fmt: skip
     return probs, ids
 
 
 def topk_softmax(
-    logits: torch.Tensor, top_k: int, temperature: float | torch.Tensor = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
+    logits: torch.Tensor, top_k: int, temperature: float | torch.Tensor = 1.0, *,
+    kernels: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Top-K probabilities and ids of each row: Triton on CUDA, the torch reference elsewhere."""
-    if use_triton(logits):
+    if use_triton(logits, kernels=kernels):
         return topk_softmax_triton(logits, top_k, temperature)
     return topk_softmax_reference(logits, top_k, temperature)
 
@@ -119,9 +120,11 @@ def draft_head_topk(
     vocab: int,
     top_k: int,
     temperature: float | torch.Tensor = 1.0,
+    *,
+    kernels: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[R, K] full-vocabulary probabilities (temperature applied) and ids of hidden [R, H]."""
-    return topk_softmax(draft_logits(hidden, weight, vocab), top_k, temperature)
+    return topk_softmax(draft_logits(hidden, weight, vocab), top_k, temperature, kernels=kernels)
 
 
 def shard_top_k(
@@ -158,7 +161,7 @@ def _inverse_temperature(temperature: float | torch.Tensor, logits: torch.Tensor
     return torch.full((rows,), 1.0 / temperature, dtype=torch.float32, device=logits.device)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["span", "splits"])  # both follow the number of rows
 def _span_kernel(
     logits_ptr, stride_row, inv_t_ptr, vocab, span, splits,
     part_val_ptr, part_idx_ptr, part_m_ptr, part_l_ptr,
@@ -203,7 +206,7 @@ def _span_kernel(
     tl.store(part_l_ptr + part, total)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["splits"])
 def _merge_kernel(
     part_val_ptr, part_idx_ptr, part_m_ptr, part_l_ptr, splits, probs_ptr, ids_ptr,
     K: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr,

@@ -187,10 +187,12 @@ def split_tree_attention(
     tree_mask: torch.Tensor,
     tree_lens: torch.Tensor,
     scale: float,
+    *,
+    kernels: bool = True,
 ) -> torch.Tensor:
     """Split tree-verify attention: Triton on CUDA, the torch reference elsewhere."""
     args = (q, k_buf, v_buf, prefix_slots, prefix_lens, tree_slots, tree_mask, tree_lens, scale)
-    if use_triton(q, k_buf, v_buf):
+    if use_triton(q, k_buf, v_buf, kernels=kernels):
         return split_tree_attention_triton(*args)
     return split_tree_attention_reference(*args)
 

@@ -16,6 +16,7 @@ ENV_EMA_ALPHA = "SGLANG_BASTION_EMA_ALPHA"
 ENV_MEASURE_OVERHEAD = "SGLANG_BASTION_MEASURE_OVERHEAD"
 ENV_TRACE = "SGLANG_BASTION_TRACE"
 ENV_TRACE_STEPS = "SGLANG_BASTION_TRACE_STEPS"
+ENV_DISABLE_KERNELS = "SGLANG_BASTION_DISABLE_KERNELS"
 # Set by the launcher once it has resolved N (--speculative-num-draft-tokens), for the worker.
 ENV_RESOLVED_MAX_NODES = "_SGLANG_BASTION_RESOLVED_MAX_NODES"
 
@@ -38,6 +39,7 @@ class BastionOptions:
     measure_overhead: bool = True  # price the measured per-step time the profile leaves out
     trace: str | None = None  # JSONL file the worker appends one record per step to
     trace_steps: int = 5000  # at most this many steps are traced
+    kernels: bool = True  # False: every op runs its torch reference (debugging, A/B timing)
 
     @property
     def resolved_mode(self) -> str:
@@ -59,6 +61,7 @@ class BastionOptions:
             measure_overhead=_bool_env(ENV_MEASURE_OVERHEAD, cls.measure_overhead),
             trace=os.environ.get(ENV_TRACE) or None,
             trace_steps=_int_env(ENV_TRACE_STEPS, cls.trace_steps),
+            kernels=not _bool_env(ENV_DISABLE_KERNELS, False),
         )
 
     def validate(self, max_nodes: int | None = None) -> None:

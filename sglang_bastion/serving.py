@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from sglang_bastion.budget import LatencyModel, ModelShape, load_profile
+from sglang_bastion.budget.identity import device_name, worker_identity
 from sglang_bastion.budget.live import LiveBudget
 from sglang_bastion.options import BastionOptions
 
@@ -31,9 +32,6 @@ def make_budget(worker: Any, options: BastionOptions, max_nodes: int) -> LiveBud
     mode = options.resolved_mode
     if mode == "fixed" or not options.profile:
         return LiveBudget(mode="fixed", max_nodes=max_nodes, layout=options.layout)
-    from sglang_bastion.calibration.hardware import device_name
-    from sglang_bastion.calibration.identity import worker_identity
-
     expect = worker_identity(worker, worker.server_args)
     profile = load_profile(
         options.profile, expect, expect_device_name=device_name(torch.device(worker.device))

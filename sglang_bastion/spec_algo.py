@@ -162,7 +162,7 @@ def validate_server_args(server_args: Any) -> None:
 def check_profile_matches_server(path: str, server_args: Any) -> None:
     """Refuse a latency profile that is malformed or measured for another configuration."""
     from sglang_bastion.budget import ProfileError, load_profile
-    from sglang_bastion.calibration.identity import attention_backend_name, serving_identity
+    from sglang_bastion.budget.identity import attention_backend_name, serving_identity
 
     target = read_config(server_args.model_path)
     drafter = read_config(server_args.speculative_draft_model_path)

@@ -57,20 +57,13 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
 from sglang_bastion.budget.live import Decision, LiveBudget
-from sglang_bastion.kernels import (
-    accept,
-    build_trees_from_top_k,
-    draft_head_topk,
-    merge_shard_top_k,
-    shard_top_k,
-    verify_inputs,
-)
+from sglang_bastion.kernels import draft_head_topk, merge_shard_top_k, shard_top_k
 from sglang_bastion.options import BastionOptions
 from sglang_bastion.serving import make_budget, profile_summary
 from sglang_bastion.spec_algo import drafter_block_size
 from sglang_bastion.stats import BastionStats
 from sglang_bastion.trace import TraceWriter
-from sglang_bastion.tree import TreeBatch
+from sglang_bastion.tree import TreeBatch, accept, build_trees_from_top_k, verify_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -167,8 +160,9 @@ class BastionWorker(DFlashWorkerV2):
 
         top_q, top_ids = self._draft_marginals(batch, draft_input, window, prefix, prefix_cpu)
         trees = build_trees_from_top_k(
-            top_q, top_ids, draft_input.bonus_tokens.to(torch.long), max_nodes=self.max_nodes
-        )
+            top_q, top_ids, draft_input.bonus_tokens.to(torch.long), max_nodes=self.max_nodes,
+            kernels=self.options.kernels,
+        )  # fmt: skip
         if self._period is not None:  # the previous decode step's full period ends here
             last_start, last_decision, last_bs = self._period
             self.budget.observe_period(last_decision, last_bs, (started - last_start) * 1e3)
@@ -342,7 +336,7 @@ class BastionWorker(DFlashWorkerV2):
         """
         group = get_parallel().tp_group
         if group.world_size == 1:
-            return draft_head_topk(rows, lm_head.weight, vocab, top_k)
+            return draft_head_topk(rows, lm_head.weight, vocab, top_k, kernels=self.options.kernels)
         shard = lm_head.shard_indices
         values, ids, lse = shard_top_k(rows, lm_head.weight, shard.num_org_elements, top_k)
         ids = ids + shard.org_vocab_start_index  # global token ids
@@ -376,7 +370,7 @@ class BastionWorker(DFlashWorkerV2):
         modes and the trace, and ``bastion-calibrate`` times the same method.
         """
         bs = len(prefix)
-        verify = verify_inputs(trees, prefix, prefix_cpu)
+        verify = verify_inputs(trees, prefix, prefix_cpu, kernels=self.options.kernels)
         grammar = None
         if batch.has_grammar:  # the host copy must start before the verify launch
             grammar = GrammarTree.from_device(
@@ -388,7 +382,8 @@ class BastionWorker(DFlashWorkerV2):
         )
         target_tokens = self._target_tokens(batch, logits_output.next_token_logits, bs, width)
         # The whole window: B may exceed W.
-        accepted = accept(trees, target_tokens, window, max_depth=self.block_size - 1)
+        depth, kernels = self.block_size - 1, self.options.kernels
+        accepted = accept(trees, target_tokens, window, max_depth=depth, kernels=kernels)
         self._keep_accepted_kv(accepted.kv_source, accepted.kv_target)
         if batch.return_logprob:
             rows = torch.arange(bs, device=target_tokens.device).unsqueeze(1) * width

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_bastion.budget import Hardware, config_fingerprint
+from sglang_bastion.budget import Hardware, config_fingerprint, identity
+from sglang_bastion.budget.identity import model_ref, serving_identity
 from sglang_bastion.calibration import cli, hardware, timing
 from sglang_bastion.calibration.grid import DEFAULT, QUICK, Grid
-from sglang_bastion.calibration.identity import model_ref, serving_identity
 from sglang_bastion.calibration.measure import Measurements
 from sglang_bastion.calibration.report import can_fit
 
@@ -147,7 +147,7 @@ def test_cpu_roofline_is_measured_with_positive_rates():
 
 
 def test_cpu_device_is_named_after_its_model():
-    assert hardware.device_name(torch.device("cpu")) == f"CPU {hardware.cpu_model()}"
+    assert identity.device_name(torch.device("cpu")) == f"CPU {identity.cpu_model()}"
 
 
 def test_listed_gpus_use_their_datasheet_preset(monkeypatch):

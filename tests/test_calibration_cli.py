@@ -16,10 +16,9 @@ import torch
 from server_utils import STANDINS
 
 from sglang_bastion.budget import load_profile
+from sglang_bastion.budget.identity import device_name, serving_identity
 from sglang_bastion.calibration.cli import EXIT_INTERRUPTED
 from sglang_bastion.calibration.grid import QUICK
-from sglang_bastion.calibration.hardware import device_name
-from sglang_bastion.calibration.identity import serving_identity
 from sglang_bastion.spec_algo import drafter_block_size
 
 pytestmark = pytest.mark.slow

@@ -28,7 +28,8 @@ from sglang_bastion.cpu_attention.kernels import (
     ragged_layout,
     visibility,
 )
-from sglang_bastion.tree import TreeBatch, linearize
+from sglang_bastion.tree import TreeBatch
+from sglang_bastion.tree.verify_inputs import verify_inputs_reference
 
 H, HKV, D = 4, 2, 16  # query heads, key/value heads (GQA group 2), head dim
 MAX_REQUESTS, MAX_CONTEXT, POOL_SLOTS = 8, 64, 512
@@ -452,7 +453,7 @@ def test_tree_verify_with_padding_nodes(harness, code_path):
         num_nodes=num_nodes,
     )
     prefix_lens = [5, 9, 2]
-    mask = linearize(trees, torch.tensor(prefix_lens)).custom_mask
+    mask = verify_inputs_reference(trees, torch.tensor(prefix_lens)).custom_mask
     batch = harness.verify_batch(prefix_lens, 6, custom_mask=mask)
     chain = copy.copy(batch)
     chain.spec_info = copy.copy(batch.spec_info)

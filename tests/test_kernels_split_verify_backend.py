@@ -8,7 +8,8 @@ from test_cpu_attention import TOLERANCE, Harness, run
 from test_cpu_attention import sglang_context as sglang_context  # the fixture, re-exported
 
 from sglang_bastion.cpu_attention import BACKEND_NAME, plan
-from sglang_bastion.tree import TreeBatch, linearize
+from sglang_bastion.tree import TreeBatch
+from sglang_bastion.tree.verify_inputs import verify_inputs_reference
 
 NODES = 6
 
@@ -40,7 +41,7 @@ def backend(harness: Harness, monkeypatch, split: str):
 
 def test_split_verify_equals_the_full_mask_path(harness, monkeypatch):
     prefix_lens = [5, 9, 0]
-    mask = linearize(padded_trees(), torch.tensor(prefix_lens)).custom_mask
+    mask = verify_inputs_reference(padded_trees(), torch.tensor(prefix_lens)).custom_mask
     batch = harness.verify_batch(prefix_lens, NODES, custom_mask=mask)
     q, k, v = harness.qkv(3 * NODES)
     expected = run(backend(harness, monkeypatch, "0"), batch, harness.layer(), q, k, v)
@@ -49,7 +50,7 @@ def test_split_verify_equals_the_full_mask_path(harness, monkeypatch):
 
 
 def test_split_verify_builds_no_full_mask(harness, monkeypatch):
-    mask = linearize(padded_trees(), torch.tensor([4, 4, 4])).custom_mask
+    mask = verify_inputs_reference(padded_trees(), torch.tensor([4, 4, 4])).custom_mask
     batch = harness.verify_batch([4, 4, 4], NODES, custom_mask=mask)
     split = backend(harness, monkeypatch, "1")
 

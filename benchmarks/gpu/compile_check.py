@@ -1,4 +1,4 @@
-"""Compile every kernel of ``sglang_bastion.kernels`` for an H100/H200 (sm_90) without a GPU.
+"""Compile every Triton kernel of the package for an H100/H200 (sm_90) without a GPU.
 
 The Triton interpreter runs kernels as NumPy and misses what only the compiler checks (types
 of loop-carried values, unsupported ops, register spills). This compiles each kernel at the
@@ -21,31 +21,31 @@ I64, I32, F32, BF16, U8 = "*i64", "*i32", "*fp32", "*bf16", "*u8"
 
 
 def kernel_specs() -> list[tuple[str, str, dict[str, str], dict[str, object], int]]:
-    """(module, kernel, runtime signature, constexprs, num_warps) at Qwen3-8B sizes."""
+    """(module under sglang_bastion, kernel, runtime signature, constexprs, num_warps)."""
     return [
-        ("draft_head", "_span_kernel",
+        ("kernels.draft_head", "_span_kernel",
          {"logits_ptr": BF16, "stride_row": "i32", "inv_t_ptr": F32, "vocab": "i32",
           "span": "i32", "splits": "i32", "part_val_ptr": F32, "part_idx_ptr": I32,
           "part_m_ptr": F32, "part_l_ptr": F32},
          {"K": 8, "KP": 8, "BLOCK_V": 2048}, 4),
-        ("draft_head", "_merge_kernel",
+        ("kernels.draft_head", "_merge_kernel",
          {"part_val_ptr": F32, "part_idx_ptr": I32, "part_m_ptr": F32, "part_l_ptr": F32,
           "splits": "i32", "probs_ptr": F32, "ids_ptr": I64},
-         {"K": 8, "KP": 8, "SP": 32}, 4),
-        ("tree_build", "_best_first_kernel",
+         {"K": 8, "KP": 8, "SP": 128}, 4),  # 151936 / 2048 = 75 chunks
+        ("tree.builder", "_best_first_kernel",
          {"log_q_ptr": F32, "tokens_ptr": I64, "root_ptr": I64, "out_tok_ptr": I64,
           "out_par_ptr": I64, "out_dep_ptr": I64, "out_score_ptr": F32, "size": "i32"},
          {"DEPTH": 15, "K": 8, "N": 64, "NP": 64, "C": 128, "DK": 128}, 1),
-        ("verify_inputs", "_verify_inputs_kernel",
+        ("tree.verify_inputs", "_verify_inputs_kernel",
          {"tok_ptr": I64, "par_ptr": I64, "dep_ptr": I64, "prefix_ptr": I32, "batch": "i32",
           "ids_ptr": I64, "pos_ptr": I64, "mask_ptr": U8, "retrieve_ptr": I64},
-         {"W": 64, "WP": 64, "BP": 64, "BLOCK": 1024}, 4),
-        ("acceptance", "_accept_kernel",
+         {"W": 64, "WP": 64, "BLOCK": 1024, "BLOCK_B": 128}, 4),
+        ("tree.acceptance", "_accept_kernel",
          {"tok_ptr": I64, "par_ptr": I64, "num_ptr": I64, "target_ptr": I64,
           "window_ptr": I64, "window_stride": "i32", "window_width": "i32", "batch": "i32",
           "out_ptr": I64, "num_acc_ptr": I64, "bonus_ptr": I64},
          {"W": 64, "WP": 64, "DEPTH": 15, "DP": 16}, 1),
-        ("split_attention", "_partial_kernel",
+        ("kernels.split_attention", "_partial_kernel",
          {"q_ptr": BF16, "sq_b": "i32", "sq_n": "i32", "sq_h": "i32", "k_ptr": BF16,
           "sk_slot": "i32", "sk_h": "i32", "v_ptr": BF16, "sv_slot": "i32", "sv_h": "i32",
           "prefix_slots_ptr": I64, "sp_b": "i32", "prefix_lens_ptr": I64,
@@ -54,7 +54,7 @@ def kernel_specs() -> list[tuple[str, str, dict[str, str], dict[str, object], in
           "kv_heads": "i32", "row_blocks": "i32"},
          {"N": 64, "NP": 64, "G": 4, "ROWS": 64, "DH": 128, "DV": 128, "BLOCK_S": 64,
           "BLOCK_T": 64, "PRECISION": "tf32"}, 8),
-        ("split_attention", "_merge_kernel",
+        ("kernels.split_attention", "_merge_kernel",
          {"part_out_ptr": F32, "part_lse_ptr": F32, "tree_lens_ptr": I64, "out_ptr": F32,
           "parts": "i32", "nodes": "i32", "heads": "i32"},
          {"PP": 4, "DV": 128}, 4),
@@ -78,7 +78,7 @@ def main() -> int:
     target = GPUTarget("cuda", 90, 32)
     failed = []
     for module, name, signature, constants, warps in kernel_specs():
-        fn = getattr(importlib.import_module(f"sglang_bastion.kernels.{module}"), name)
+        fn = getattr(importlib.import_module(f"sglang_bastion.{module}"), name)
         source = ASTSource(
             fn=fn, signature=signature | dict.fromkeys(constants, "constexpr"), constexprs=constants
         )

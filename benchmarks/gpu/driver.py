@@ -167,14 +167,14 @@ class Checks:
 
     def trees(self, batch: int, nodes: int):
         """Random best-first trees of N nodes (and their top-K) from smooth marginals."""
-        from sglang_bastion.kernels import build_trees_from_top_k_reference
+        from sglang_bastion.tree.builder import build_trees_reference
 
         torch = self.torch
         s = self.shapes
         probs = torch.softmax(self.randn(batch, s.depth, 1000, scale=2.0), dim=-1)
         top_q, top_ids = probs.topk(s.top_k, dim=-1)
         roots = torch.randint(0, 1000, (batch,), generator=self.generator).to(self.device)
-        trees = build_trees_from_top_k_reference(top_q, top_ids, roots, max_nodes=nodes)
+        trees = build_trees_reference(top_q, top_ids, roots, max_nodes=nodes)
         return trees, top_q, top_ids, roots
 
     # ------------------------------------------------------------------ checks
@@ -221,9 +221,9 @@ class Checks:
             )
 
     def tree_build(self) -> None:
-        """One-launch best-first build against the torch pools, exact."""
-        from sglang_bastion.kernels import build_trees_from_top_k_reference as reference
-        from sglang_bastion.kernels import build_trees_from_top_k_triton as build
+        """One-launch best-first build against the heap reference, exact."""
+        from sglang_bastion.tree.builder import build_trees_reference as reference
+        from sglang_bastion.tree.builder import build_trees_triton as build
 
         s = self.shapes
         for nodes in s.nodes:
@@ -243,13 +243,9 @@ class Checks:
                 )
 
     def verify_and_accept(self) -> None:
-        """Verify inputs (vs `linearize`) and acceptance + KV moves (vs `accept_path`), exact."""
-        from sglang_bastion.kernels import (
-            accept_reference,
-            accept_triton,
-            verify_inputs_reference,
-            verify_inputs_triton,
-        )
+        """Verify inputs and acceptance + KV moves against their torch references, exact."""
+        from sglang_bastion.tree.acceptance import accept_reference, accept_triton
+        from sglang_bastion.tree.verify_inputs import verify_inputs_reference, verify_inputs_triton
 
         torch = self.torch
         s = self.shapes
@@ -295,13 +291,9 @@ class Checks:
 
     def preparation(self) -> None:
         """Tree preparation (kernels, and the old torch path) against chain preparation."""
-        from sglang_bastion.kernels import (
-            build_trees_from_top_k_triton,
-            draft_logits,
-            topk_softmax_triton,
-            verify_inputs_triton,
-        )
-        from sglang_bastion.tree import build_trees, linearize
+        from sglang_bastion.kernels import draft_logits, topk_softmax_triton
+        from sglang_bastion.tree.builder import build_trees, build_trees_triton
+        from sglang_bastion.tree.verify_inputs import verify_inputs_reference, verify_inputs_triton
 
         torch = self.torch
         s = self.shapes
@@ -324,7 +316,7 @@ class Checks:
                     logits = draft_logits(hidden, weight, s.vocab)
                     probs, ids = topk_softmax_triton(logits, s.top_k)
                     q = probs.view(batch, s.depth, -1)
-                    trees = build_trees_from_top_k_triton(
+                    trees = build_trees_triton(
                         q, ids.view(batch, s.depth, -1), roots, max_nodes=nodes
                     )
                     return verify_inputs_triton(trees, prefix, prefix_cpu)
@@ -333,7 +325,7 @@ class Checks:
                     logits = hidden.float() @ weight.float().T
                     probs = torch.softmax(logits, dim=-1).view(batch, s.depth, -1)
                     trees = build_trees(probs, roots, top_k=s.top_k, max_nodes=nodes)
-                    return linearize(trees, prefix)
+                    return verify_inputs_reference(trees, prefix)
 
                 chain_us = self.time(chain)
                 tree_us = self.time(tree)

@@ -1,5 +1,7 @@
 """The identity a profile is measured for, computed the same way by the calibration and the server.
 
+Also the device's readable name, which a profile records and a server compares.
+
 A profile is valid only for the configuration it was measured with (budget/profile.py,
 ``ProfileIdentity``). Both sides build it with ``serving_identity`` from what SGLang resolved:
 the target's and drafter's configs (fingerprinted by their cost-relevant shape), the compute
@@ -10,11 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from sglang_bastion.budget import ModelRef, ProfileIdentity
+from sglang_bastion.budget.profile import ModelRef, ProfileIdentity
 
 
 def dtype_name(dtype: torch.dtype | str) -> str:
@@ -91,3 +95,23 @@ def worker_identity(worker: Any, config: Any) -> ProfileIdentity:
         block_size=int(worker.block_size),
         tp_size=int(config.tp_size),
     )
+
+
+def device_name(device: torch.device) -> str:
+    """A readable name of the device kind: the CUDA device name, or the CPU model."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        return f"CPU {cpu_model()}"
+    return device.type
+
+
+def cpu_model() -> str:
+    """The CPU model string from /proc/cpuinfo, else what the platform module reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"

@@ -1,4 +1,8 @@
-"""linearize: positions, the ancestor mask in SGLang's flat layout, and retrieve arrays."""
+"""Verify inputs: positions, the ancestor mask in SGLang's flat layout, and retrieve arrays.
+
+The torch reference is checked against walks up the parent pointers; the Triton kernel
+(interpreted here) against the reference, exactly.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,8 @@ import pytest
 import torch
 from helpers import random_marginals
 
-from sglang_bastion.tree import TreeBatch, accept_path, ancestor_mask, build_trees, linearize
+from sglang_bastion.tree import TreeBatch, accept_path, ancestor_mask, build_trees
+from sglang_bastion.tree.verify_inputs import verify_inputs_reference, verify_inputs_triton
 
 
 def random_trees(seed: int, batch: int = 5, width: int = 12) -> TreeBatch:
@@ -38,7 +43,7 @@ def test_ancestor_mask_equals_the_walk_up_parent_pointers(seed):
 def test_flat_mask_rows_see_the_whole_prefix_then_ancestors_only(seed):
     trees = random_trees(seed)
     prefix = torch.tensor([0, 3, 1, 7, 2])
-    inputs = linearize(trees, prefix)
+    inputs = verify_inputs_reference(trees, prefix)
     width = trees.max_nodes
     offset = 0
     for b in range(trees.batch_size):
@@ -55,7 +60,7 @@ def test_flat_mask_rows_see_the_whole_prefix_then_ancestors_only(seed):
 def test_positions_are_prefix_length_plus_depth_and_ids_are_the_tokens():
     trees = random_trees(0)
     prefix = torch.tensor([4, 0, 9, 1, 2])
-    inputs = linearize(trees, prefix)
+    inputs = verify_inputs_reference(trees, prefix)
     assert torch.equal(inputs.positions.view(5, -1), prefix.unsqueeze(1) + trees.depths)
     assert torch.equal(inputs.input_ids.view(5, -1), trees.token_ids)
     assert torch.equal(inputs.retrieve_index, torch.arange(5 * trees.max_nodes).view(5, -1))
@@ -72,7 +77,7 @@ def children_by_links(inputs, b: int, parent: int) -> list[int]:
 @pytest.mark.parametrize("seed", range(5))
 def test_retrieve_links_list_each_nodes_real_children_in_slot_order(seed):
     trees = random_trees(seed)
-    inputs = linearize(trees, torch.zeros(5, dtype=torch.long))
+    inputs = verify_inputs_reference(trees, torch.zeros(5, dtype=torch.long))
     for b in range(trees.batch_size):
         for p in range(trees.max_nodes):
             real = [c for c in range(int(trees.num_nodes[b])) if int(trees.parents[b, c]) == p]
@@ -81,7 +86,7 @@ def test_retrieve_links_list_each_nodes_real_children_in_slot_order(seed):
 
 def test_padding_slots_are_unreachable_and_never_accepted():
     trees = random_trees(1, batch=3, width=10).truncate(torch.tensor([1, 4, 10]))
-    inputs = linearize(trees, torch.tensor([2, 2, 2]))
+    inputs = verify_inputs_reference(trees, torch.tensor([2, 2, 2]))
     reachable = set()
     for b in range(3):
         stack = [0]
@@ -99,6 +104,43 @@ def test_padding_slots_are_unreachable_and_never_accepted():
 def test_mask_length_is_width_times_prefix_plus_width_per_request():
     trees = random_trees(2, batch=3, width=8)
     prefix = torch.tensor([5, 0, 11])
-    inputs = linearize(trees, prefix)
+    inputs = verify_inputs_reference(trees, prefix)
     assert inputs.custom_mask.numel() == sum(8 * (int(p) + 8) for p in prefix)
     assert inputs.custom_mask.dtype == torch.bool
+
+
+FIELDS = (
+    "input_ids",
+    "positions",
+    "custom_mask",
+    "retrieve_index",
+    "retrieve_next_token",
+    "retrieve_next_sibling",
+)
+
+
+def ragged_trees(batch: int, nodes: int, seed: int) -> TreeBatch:
+    """Trees cut to random sizes 1..N, so most carry padding slots."""
+    generator = torch.Generator().manual_seed(seed)
+    probs = random_marginals(batch, 5, 30, "smooth", generator)
+    trees = build_trees(probs, torch.arange(batch), top_k=3, max_nodes=nodes)
+    return trees.truncate(torch.randint(1, nodes + 1, (batch,), generator=generator))
+
+
+@pytest.mark.parametrize(
+    ("nodes", "prefix"), [(8, [0, 5, 1300, 17]), (16, [3, 40]), (5, [9])]
+)  # a prefix of 0, one longer than a mask block, ragged, and a non-power-of-two width
+def test_kernel_outputs_equal_verify_inputs_reference(nodes, prefix):
+    trees = ragged_trees(len(prefix), nodes, seed=nodes)
+    prefix_lens = torch.tensor(prefix)
+    out = verify_inputs_triton(trees, prefix_lens.int())
+    expected = verify_inputs_reference(trees, prefix_lens)
+    for name in FIELDS:
+        assert torch.equal(getattr(out, name), getattr(expected, name)), name
+
+
+def test_host_prefix_lengths_size_the_mask_without_reading_the_device():
+    trees = ragged_trees(3, 8, seed=3)
+    prefix_lens = torch.tensor([4, 0, 11])
+    out = verify_inputs_triton(trees, prefix_lens, prefix_lens_cpu=prefix_lens.clone())
+    assert torch.equal(out.custom_mask, verify_inputs_reference(trees, prefix_lens).custom_mask)
