@@ -60,3 +60,22 @@ def greedy(model: Qwen3ForCausalLM, prompts: torch.Tensor, new_tokens: int) -> t
         pad_token_id=0,
     )
     return out
+
+
+@torch.no_grad()
+def sample(
+    model: Qwen3ForCausalLM, prompts: torch.Tensor, new_tokens: int, seed: int
+) -> torch.Tensor:
+    """[b, P + new_tokens] the prompts and continuations sampled at temperature 1 (no top-k/p)."""
+    torch.manual_seed(seed)
+    return model.generate(
+        input_ids=prompts,
+        attention_mask=torch.ones_like(prompts),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        pad_token_id=0,
+    )

@@ -1,22 +1,30 @@
-"""Train the tiny target/drafter pair from scratch on the standard library's code.
+"""Train a target/drafter pair from scratch on the standard library's code.
 
-python -m training.train [--out training/pair] [--seed 0] [--quick]
+python -m training.train [--recipe tiny|b16] [--out DIR] [--seed 0] [--quick]
 
-One command, deterministic from ``--seed`` on a given machine kind, about 20-25 minutes on two
-CPU cores (bfloat16 autocast). Four stages:
+One command, deterministic from ``--seed`` on a given machine kind (bfloat16 autocast on two
+CPU cores). Two recipes:
+
+- ``tiny`` (``training/pair``, about 15 minutes): a 4-layer target (5.2M parameters) on the
+  first 12M characters of the training files, a block-8 drafter on greedy continuations;
+- ``b16`` (``training/pair-b16``, about an hour): a larger target on every training file and
+  a block-16 drafter on greedy and temperature-1 continuations.
+
+Four stages:
 
 1. tokenizer: byte-level BPE (4096 tokens) on the training files, chat template, mask token;
-2. target: a 4-layer Qwen3 causal LM (about 5M parameters) trained on the training files;
-3. distillation data: the target's own greedy continuations of prompts cut from the training
-   files, so the drafter learns what the target will say at temperature 0;
-4. drafter: a 2-layer DFlash drafter (block 8, taps after target layers 0, 1, 2), trained with
-   the DFlash objective on the target's frozen hidden states: from the context features of
-   every token before an anchor p and the block [x_p, MASK x 7], predict x_{p+1..p+7} at all
-   masked positions in one non-causal pass (cross-entropy through the target's LM head,
-   weighted towards early positions). Its layers start as copies of the target's last two.
+2. target: a Qwen3 causal LM trained on the training files;
+3. distillation data: the target's own continuations of prompts cut from the training files
+   (greedy, and for ``b16`` also sampled at temperature 1), so the drafter learns what the
+   target says, its distribution and not only its argmax;
+4. drafter: a 2-layer DFlash drafter (taps after three target layers), trained with the DFlash
+   objective on the target's frozen hidden states: from the context features of every token
+   before an anchor p and the block [x_p, MASK x (L-1)], predict x_{p+1..p+L-1} at all masked
+   positions in one non-causal pass (cross-entropy through the target's LM head, weighted
+   towards early positions). Its layers start as copies of the target's last two.
 
-Files (the target's and drafter's directories in the formats SGLang loads, plus
-``TRAINING.md`` with the losses and times) go under ``--out``. Held-out files are never read.
+The target's and drafter's directories (in the formats SGLang loads) and ``training.json``
+(the recipe, losses and stage times) go under ``--out``. Held-out files are never read.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import argparse
 import json
 import math
 import random
+import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -44,15 +54,16 @@ from training.formats import (
     save_model,
     train_tokenizer,
 )
-from training.target import features, greedy, new_target
+from training.target import features, greedy, load_target, new_target, sample
 
 HELD_OUT_PERCENT = 10
+TRAINING = Path(__file__).resolve().parent
 TARGET_SHAPE = Qwen3Shape(hidden=256, layers=4, heads=4, kv_heads=2, head_dim=64, intermediate=768)
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """Every size and step count of one training run."""
+    """Every size and step count of one training run (the defaults: the tiny pair)."""
 
     vocab: int = 4096
     target: Qwen3Shape = TARGET_SHAPE
@@ -72,11 +83,44 @@ class Recipe:
     anchors: int = 24
     drafter_lr: float = 1.5e-3
     decay: float = 4.0  # loss weight of block position k: exp(-(k - 1) / decay)
+    sampled_share: float = 0.0  # share of distillation continuations sampled at temperature 1
+    cache_features: bool = False  # the target's features of the distillation data kept once
+    bf16: bool = True  # bfloat16 autocast (fast only on CPUs with native bfloat16 matmuls)
+    threads: int = 2
+    init_from: str = ""  # a pair under training/ whose tokenizer and target this one starts from
 
     def quick(self) -> Recipe:
         """A few steps of everything, to check the pipeline (not a usable pair)."""
         small = {"corpus_chars": 400_000, "target_steps": 6, "distill_sequences": 16}
         return Recipe(**{**asdict(self), **small, "drafter_steps": 6, "target": self.target})
+
+
+RECIPES = {
+    "tiny": Recipe(),
+    # The tiny target trained on, over every training file, in float32 (this project's CPU has
+    # no native bfloat16 matmuls), then a block-16 drafter on greedy and sampled continuations.
+    "b16": Recipe(
+        block_size=16,
+        corpus_chars=40_000_000,
+        target_steps=500,
+        target_lr=1e-3,
+        distill_sequences=1536,
+        drafter_steps=1000,
+        anchors=16,
+        decay=7.0,
+        sampled_share=0.5,
+        cache_features=True,
+        bf16=False,
+        threads=1,
+        init_from="pair",
+    ),
+}
+PAIR_DIRS = {"tiny": "pair", "b16": "pair-b16"}
+
+
+def autocast(recipe: Recipe) -> torch.autocast:
+    """The recipe's autocast context: bfloat16 or off."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16)
 
 
 def cosine_lr(step: int, steps: int, peak: float, warmup: int = 30) -> float:
@@ -85,6 +129,17 @@ def cosine_lr(step: int, steps: int, peak: float, warmup: int = 30) -> float:
         return peak * (step + 1) / warmup
     progress = (step - warmup) / max(1, steps - warmup)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def copy_tokenizer(source: Path, out: Path) -> int:
+    """Copy the tokenizer files of the target at ``source`` into ``out``; its size."""
+    from transformers import AutoTokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in sorted(source.iterdir()):
+        if f.is_file() and f.name not in ("config.json", "model.safetensors"):
+            shutil.copyfile(f, out / f.name)
+    return len(AutoTokenizer.from_pretrained(out))
 
 
 def token_stream(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> torch.Tensor:
@@ -103,6 +158,9 @@ def train_target(
     model = new_target(
         recipe.target, recipe.vocab, seed=int(torch.randint(1 << 30, (1,), generator=gen))
     )
+    if recipe.init_from:
+        start = load_target(TRAINING / recipe.init_from / "target")
+        model.load_state_dict(start.state_dict())
     opt = torch.optim.AdamW(
         model.parameters(), lr=recipe.target_lr, weight_decay=0.1, betas=(0.9, 0.95)
     )
@@ -115,7 +173,7 @@ def train_target(
         batch = torch.stack([stream[s : s + recipe.seq_len] for s in starts.tolist()])
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, recipe.target_steps, recipe.target_lr)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with autocast(recipe):
             loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -131,15 +189,35 @@ def train_target(
 def distill_data(
     recipe: Recipe, model: Qwen3ForCausalLM, stream: torch.Tensor, gen: torch.Generator
 ) -> torch.Tensor:
-    """[S, P + C] prompts from ``stream`` followed by the target's greedy continuations."""
+    """[S, P + C] prompts from ``stream`` followed by the target's own continuations.
+
+    The first ``1 - sampled_share`` of the rows are greedy, the rest sampled at temperature 1.
+    """
     starts = torch.randint(
         len(stream) - recipe.prompt_len, (recipe.distill_sequences,), generator=gen
     )
     prompts = torch.stack([stream[s : s + recipe.prompt_len] for s in starts.tolist()])
+    num_greedy = round(len(prompts) * (1 - recipe.sampled_share))
+    seed = int(torch.randint(1 << 30, (1,), generator=gen)) if num_greedy < len(prompts) else 0
+    chunks = [(chunk, True) for chunk in prompts[:num_greedy].split(64)]
+    chunks += [(chunk, False) for chunk in prompts[num_greedy:].split(64)]
     out = []
-    for chunk in tqdm(prompts.split(64), desc="distillation data", unit="batch"):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out.append(greedy(model, chunk, recipe.continuation))
+    for i, (chunk, is_greedy) in enumerate(tqdm(chunks, desc="distillation data", unit="batch")):
+        with autocast(recipe):
+            if is_greedy:
+                out.append(greedy(model, chunk, recipe.continuation))
+            else:
+                out.append(sample(model, chunk, recipe.continuation, seed=seed + i))
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def context_features(recipe: Recipe, target: Qwen3ForCausalLM, data: torch.Tensor) -> torch.Tensor:
+    """[S, T, taps*H] the target's context features of every distillation row."""
+    out = []
+    for chunk in tqdm(data.split(32), desc="target features", unit="batch"):
+        with autocast(recipe):
+            out.append(features(target, chunk, list(recipe.taps))[1].float())
     return torch.cat(out)
 
 
@@ -163,12 +241,17 @@ def block_loss(
     target,
     seqs: torch.Tensor,
     gen: torch.Generator,
+    feats: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The DFlash objective on random anchors in the continuation part of ``seqs``."""
+    """The DFlash objective on random anchors in the continuation part of ``seqs``.
+
+    ``feats`` are the target's context features of ``seqs`` when cached; else computed here.
+    """
     b, length = seqs.shape
     block = recipe.block_size
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        _, feats = features(target, seqs, list(recipe.taps))
+    if feats is None:
+        with torch.no_grad(), autocast(recipe):
+            _, feats = features(target, seqs, list(recipe.taps))
     low, high = recipe.prompt_len, length - block
     anchors = torch.randint(low, high + 1, (b, recipe.anchors), generator=gen)  # [b, A]
     idx = anchors.unsqueeze(-1) + torch.arange(block)  # [b, A, B]
@@ -176,7 +259,7 @@ def block_loss(
     block_ids = torch.full_like(labels, drafter.mask_token_id)
     block_ids[..., 0] = labels[..., 0]
     embed = target.model.embed_tokens
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with autocast(recipe):
         ctx = drafter.context(feats.float())
         hidden = drafter(ctx, embed(block_ids).detach(), anchors)  # [b, A, B, H]
         logits = target.lm_head(hidden[:, :, 1:])  # [b, A, B-1, V]
@@ -197,6 +280,7 @@ def train_drafter(
     """The drafter trained on the distillation data with the target frozen."""
     for p in target.parameters():
         p.requires_grad_(False)
+    cache = context_features(recipe, target, data) if recipe.cache_features else None
     opt = torch.optim.AdamW(
         drafter.parameters(), lr=recipe.drafter_lr, weight_decay=0.01, betas=(0.9, 0.95)
     )
@@ -206,7 +290,8 @@ def train_drafter(
         rows = torch.randint(len(data), (recipe.drafter_batch,), generator=gen)
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, recipe.drafter_steps, recipe.drafter_lr)
-        loss = block_loss(recipe, drafter, target, data[rows], gen)
+        feats = None if cache is None else cache[rows]
+        loss = block_loss(recipe, drafter, target, data[rows], gen, feats)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         opt.step()
@@ -223,7 +308,7 @@ def train_pair(out: Path, recipe: Recipe, seed: int) -> dict:
 
     torch.manual_seed(seed)
     random.seed(seed)
-    torch.set_num_threads(2)
+    torch.set_num_threads(recipe.threads)
     gen = torch.Generator().manual_seed(seed)
     times: dict[str, float] = {}
     log: list[dict] = []
@@ -233,7 +318,10 @@ def train_pair(out: Path, recipe: Recipe, seed: int) -> dict:
     target_dir, drafter_dir = out / "target", out / "drafter"
 
     start = time.perf_counter()
-    vocab = train_tokenizer(texts, target_dir, recipe.vocab)
+    if recipe.init_from:
+        vocab = copy_tokenizer(TRAINING / recipe.init_from / "target", target_dir)
+    else:
+        vocab = train_tokenizer(texts, target_dir, recipe.vocab)
     assert vocab == recipe.vocab, f"tokenizer has {vocab} tokens, the recipe {recipe.vocab}"
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     stream = token_stream(tokenizer, texts)
@@ -255,6 +343,7 @@ def train_pair(out: Path, recipe: Recipe, seed: int) -> dict:
     times["drafter_s"] = time.perf_counter() - start
 
     summary = {
+        "command": " ".join(["python -m training.train", *sys.argv[1:]]),
         "seed": seed,
         "recipe": asdict(recipe),
         "train_files": len(train_names),
@@ -272,7 +361,8 @@ def train_pair(out: Path, recipe: Recipe, seed: int) -> dict:
 def parse_args() -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "pair")
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="tiny")
+    parser.add_argument("--out", type=Path, help="default: training/pair (tiny), pair-b16 (b16)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a few steps (pipeline check)")
     return parser.parse_args()
@@ -281,7 +371,8 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     """Train the pair and print where it went."""
     args = parse_args()
-    recipe = Recipe().quick() if args.quick else Recipe()
+    recipe = RECIPES[args.recipe].quick() if args.quick else RECIPES[args.recipe]
+    args.out = args.out or TRAINING / PAIR_DIRS[args.recipe]
     summary = train_pair(args.out, recipe, args.seed)
     print(json.dumps({k: v for k, v in summary.items() if k != "log"}, indent=2))
     print(f"target: {args.out / 'target'}\ndrafter: {args.out / 'drafter'}")
