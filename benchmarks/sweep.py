@@ -44,6 +44,7 @@ from sweep_server import reset_acceptance, running_server, server_info, warm_up
 from tqdm import tqdm
 
 SWEEPS = RESULTS / "sweeps"
+WORKLOADS = RESULTS / "workloads"  # bench_serving datasets, named by their hash
 DEFAULT_METHODS = "none,dflash,bastion-16,bastion-32,bastion-adaptive"
 
 
@@ -228,7 +229,9 @@ def run_sweep(args: argparse.Namespace, order: list[str] | None = None) -> tuple
     }
     store = ResultStore(folder, config, meta)
     prompts = load_prompts(args.dataset)
-    dataset = write_bench_dataset(prompts, folder / "workload.jsonl")
+    # Under the results folder the workload is stored once for every sweep (by its hash).
+    workloads = WORKLOADS if folder.resolve().is_relative_to(SWEEPS.resolve()) else folder
+    dataset = write_bench_dataset(prompts, workloads)
     title = f"Concurrency sweep: {model_name(args.model_path)} on {meta['hardware']}"
 
     # bench_serving takes ~15 s to import on a small CPU: overlap that with the first start-up.

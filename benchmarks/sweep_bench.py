@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -46,16 +47,24 @@ def load_prompts(dataset: str) -> list[dict[str, str]]:
     return humaneval_prompts() if dataset == "humaneval" else jsonl_prompts(Path(dataset))
 
 
-def write_bench_dataset(prompts: list[dict[str, str]], path: Path) -> Path:
-    """The prompts in bench_serving's ``custom`` dataset format (two-turn conversations)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as out:
-        for row in prompts:
-            turns = [
-                {"role": "user", "content": row["prompt"]},
-                {"role": "assistant", "content": row["completion"] or "-"},
-            ]
-            out.write(json.dumps({"conversations": turns}) + "\n")
+def write_bench_dataset(prompts: list[dict[str, str]], folder: Path) -> Path:
+    """The prompts in bench_serving's ``custom`` format, stored once in ``folder`` by hash.
+
+    Each row is a two-turn conversation; the file is ``<first 16 hex of its sha256>.jsonl``,
+    so every sweep of the same prompts refers to the one copy.
+    """
+    lines = []
+    for row in prompts:
+        turns = [
+            {"role": "user", "content": row["prompt"]},
+            {"role": "assistant", "content": row["completion"] or "-"},
+        ]
+        lines.append(json.dumps({"conversations": turns}) + "\n")
+    text = "".join(lines)
+    path = folder / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.jsonl"
+    if not path.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
     return path
 
 

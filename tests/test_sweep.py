@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import hashlib
 import json
 import subprocess
 import sys
@@ -241,10 +242,15 @@ def test_prompt_files_may_hold_prompts_texts_or_conversations(tmp_path: Path) ->
     ]  # fmt: skip
 
 
-def test_the_bench_dataset_is_two_turn_conversations(tmp_path: Path) -> None:
-    path = write_bench_dataset([{"prompt": "def f():", "completion": ""}], tmp_path / "w.jsonl")
+def test_the_bench_dataset_is_two_turn_conversations_stored_once_by_hash(tmp_path: Path) -> None:
+    prompts = [{"prompt": "def f():", "completion": ""}]
+    path = write_bench_dataset(prompts, tmp_path)
     turns = json.loads(path.read_text())["conversations"]
     assert turns[0]["content"] == "def f():" and len(turns) == 2
+    assert path.name == hashlib.sha256(path.read_bytes()).hexdigest()[:16] + ".jsonl"
+    assert write_bench_dataset(prompts, tmp_path) == path
+    assert write_bench_dataset([{"prompt": "g", "completion": "h"}], tmp_path) != path
+    assert len(list(tmp_path.iterdir())) == 2
 
 
 @pytest.mark.slow
