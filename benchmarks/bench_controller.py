@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from common import markdown_table, median_us, write_results
 
-from sglang_bastion.controller import fixed_sizes, per_request_sizes, ragged_sizes, uniform_width
+from sglang_bastion.controller import fixed_sizes, per_request_sizes, uniform_width
 from sglang_bastion.tree import build_trees
 
 
@@ -38,12 +38,11 @@ def main() -> None:
     for batch, nodes in sizes:
         probs = torch.softmax(2 * torch.randn(batch, 15, 300), dim=-1)
         trees = build_trees(probs, torch.zeros(batch, dtype=torch.long), top_k=8, max_nodes=nodes)
-        cost, total_cost = convex_cost(nodes), convex_cost(batch * nodes)
+        cost = convex_cost(nodes)
         allowed = [w for w in widths if w <= nodes]
         policies = {
             "per_request": (per_request_sizes, (trees, cost, 8.0)),
             "uniform": (uniform_width, (trees, cost, allowed)),
-            "ragged": (ragged_sizes, (trees, total_cost)),
             "fixed": (fixed_sizes, (trees, 16)),
         }
         for policy, (decide, decide_args) in policies.items():

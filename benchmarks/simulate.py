@@ -38,7 +38,7 @@ import torch
 from common import RESULTS, machine, markdown_table
 
 from sglang_bastion.budget import Hardware, LatencyModel, ModelShape, load_profile
-from sglang_bastion.budget.live import LiveBudget
+from sglang_bastion.controller import LiveBudget
 from sglang_bastion.trace import read_trace
 from sglang_bastion.tree import TreeBatch, accept_path, build_trees
 

@@ -8,22 +8,54 @@ They are vectorised over the batch, never synchronise with the host and return t
   n with S_hat(n+1) < S_hat(n); optimal when A_hat is concave and C convex (Proposition 3.4).
 - `uniform_width`: one width W for the whole batch (what CUDA graphs and SGLang's verify path
   take), maximising the batch goodput sum_r A_hat_r(W) / C(W) over the allowed widths.
-- `ragged_sizes`: per-request sizes sharing one verify pass. Assumption: the pass's cost
-  depends on the allocation only through its total token count T (the roofline charges
-  attention with the batch's contexts, which do not change with the allocation). Then, for
-  any T, the best allocation takes the T - B largest rho increments over all requests
-  (each request's increments are non-increasing), so batch goodput F(T) / C(T) has F concave;
-  with C convex and positive the first drop is the global optimum.
 - `fixed_sizes`: a fixed budget N, for ablations.
+
+The controller as the server runs it is a `LiveBudget` (``self.budget`` in the worker, built
+at start-up by `LiveBudget.for_worker`, which loads and checks the profile): one decision per
+step, and what it learned. Each step the worker hands over the batch's trees and context
+lengths and gets back the nodes every request verifies and the verify width W (the padded
+tokens per request of the one target pass). Modes:
+
+- ``fixed``: every request verifies min(N, its tree) nodes; W = N, known without a host sync.
+- ``static`` / ``ema`` / ``ema_calib``: the latency model (budget/latency.py) prices a cycle
+  with 1..N tokens per request at the batch's current size and mean context, then
+  - layout ``uniform``: one width W for the batch maximising sum_r A_hat_r(W) / C(W)
+    (`uniform_width`), every request verifies W nodes;
+  - layout ``ragged``: each request stops at its own first drop of A_hat(n) L_AR / C(n)
+    (`per_request_sizes`), and W is the largest of those sizes (the verify pass
+    pads the others).
+  The ema modes scale the verify prediction by gamma, the EMA of observed / predicted verify
+  time, one per batch size (a batch size not yet observed takes the nearest one's): how much
+  slower the served pass runs than predicted depends on the batch (on a shared CPU, the
+  tokenizer, detokenizer and clients take more of it as more requests stream).
+
+The model prices the draft (T_aux) and the verify pass; a served decode step also spends time
+the profile cannot see: acceptance, KV moves, the scheduler and output processing between two
+steps. With ``measure_overhead`` (the server's default) every adaptive mode adds that time as
+measured: the period from one decode step's start to the next (when no prefill ran between
+them) minus the model's cycle for the step, an EMA per batch size. Leaving it out prices a
+larger tree as a larger share of the step than it is, and the controller undershoots.
+
+The adaptive widths come from a short ladder (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... and N):
+every distinct pass shape costs once (kernel primitives built on first use on CPU, one CUDA
+graph per width on GPU), and a width that changes every step would keep paying that.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from sglang_bastion.budget import LatencyModel, ModelShape, ema_update, load_profile
+from sglang_bastion.budget.identity import device_name, worker_identity
+from sglang_bastion.options import BastionOptions
 from sglang_bastion.tree.batch import TreeBatch
+
+logger = logging.getLogger(__name__)
 
 
 def per_request_sizes(trees: TreeBatch, cost_ms: torch.Tensor, ar_ms: float = 1.0) -> torch.Tensor:
@@ -49,24 +81,6 @@ def uniform_width(
     return allowed[goodput.argmax()]  # the smallest width among equals
 
 
-def ragged_sizes(trees: TreeBatch, total_cost_ms: torch.Tensor) -> torch.Tensor:
-    """[B] per-request sizes maximising sum_r A_hat_r(n_r) / C(sum_r n_r) (see module doc)."""
-    batch, nodes = trees.token_ids.shape
-    _check_costs(total_cost_ms, batch * nodes, "total_cost_ms", "C(T) for T = 1..B*N tokens")
-    device = trees.log_scores.device
-    gains = torch.exp(trees.log_scores[:, 1:]).flatten()  # [B*(N-1)]: rho of non-root slots
-    order = torch.sort(gains, descending=True, stable=True).indices  # global best-first merge
-    surrogate = batch + torch.cumsum(gains[order], dim=0)  # [B*(N-1)]: F(B + k), k = 1..
-    surrogate = torch.cat([surrogate.new_full((1,), batch), surrogate])  # [B*(N-1)+1]
-    total = torch.arange(batch, batch * nodes + 1, device=device)  # tokens T = B + k
-    goodput = surrogate / total_cost_ms.to(surrogate)[total - 1]
-    extra = _first_drop(goodput.unsqueeze(0)).squeeze(0) - 1  # 0-dim: nodes beyond the roots
-    owner = order.div(nodes - 1, rounding_mode="floor") if nodes > 1 else order
-    taken = (torch.arange(order.numel(), device=device) < extra).to(torch.long)
-    sizes = torch.ones(batch, dtype=torch.long, device=device).scatter_add_(0, owner, taken)
-    return sizes.clamp(max=trees.num_nodes)
-
-
 def fixed_sizes(trees: TreeBatch, budget: int) -> torch.Tensor:
     """[B] sizes for a fixed budget of ``budget`` nodes (root included) per request."""
     if budget < 1:
@@ -85,3 +99,185 @@ def _check_costs(cost: torch.Tensor, length: int, name: str, meaning: str) -> No
     """Raise ValueError unless ``cost`` is a 1-D vector of ``length`` entries."""
     if cost.dim() != 1 or cost.numel() != length:
         raise ValueError(f"{name} must hold {meaning} ({length} values), got {tuple(cost.shape)}")
+
+
+def width_ladder(max_nodes: int) -> tuple[int, ...]:
+    """The verify widths an adaptive controller may pick: 1, 2, 4, then steps of ~1.5x, and N."""
+    ladder, width = [1, 2, 4], 8
+    while width < max_nodes:
+        ladder += [width, width * 3 // 2]
+        width *= 2
+    return tuple(sorted({w for w in ladder if w < max_nodes} | {max_nodes}))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One step's tree sizes and the latency the model predicted for them."""
+
+    sizes: torch.Tensor  # [B] long: nodes each request verifies (root included)
+    width: int  # W: tokens per request in the verify pass (max of sizes)
+    predicted_verify_ms: float | None  # the model's T_verify at W (None in fixed mode)
+    predicted_cycle_ms: float | None  # T_aux + T_verify at W, plus the overhead below
+    overhead_ms: float = 0.0  # the measured per-step overhead included in the cycle
+
+
+@dataclass
+class LiveBudget:
+    """The controller's per-server state: mode, latency model and the EMA correction."""
+
+    mode: str  # "fixed", "static", "ema" or "ema_calib"
+    max_nodes: int  # N: the largest tree a request may verify
+    layout: str = "uniform"  # "uniform" or "ragged"
+    model: LatencyModel | None = None
+    ema_alpha: float = 0.1
+    gamma: dict[int, float] = field(default_factory=dict)  # batch size -> EMA (ema modes)
+    observed_steps: int = field(default=0)
+    context_bucket: int = 16  # mean contexts are priced at the nearest multiple of this
+    widths: tuple[int, ...] = ()  # allowed verify widths; () means width_ladder(max_nodes)
+    measure_overhead: bool = False  # add the measured per-step time the model leaves out
+    overhead_ms: dict[int, float] = field(default_factory=dict)  # batch size -> EMA, ms
+    _verify_cache: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        """Refuse an adaptive mode without a latency model; settle the width ladder."""
+        if self.mode != "fixed" and self.model is None:
+            raise ValueError(f"controller mode {self.mode!r} needs a latency model (a profile)")
+        self.widths = tuple(sorted(set(self.widths))) or width_ladder(self.max_nodes)
+        if self.widths[0] < 1 or self.widths[-1] > self.max_nodes:
+            raise ValueError(f"widths must lie in [1, {self.max_nodes}], got {self.widths}")
+
+    @classmethod
+    def for_worker(cls, worker: Any, options: BastionOptions, max_nodes: int) -> LiveBudget:
+        """The controller of a starting BASTION worker (loads and checks its profile)."""
+        mode = options.resolved_mode
+        if mode == "fixed" or not options.profile:
+            return cls(mode="fixed", max_nodes=max_nodes, layout=options.layout)
+        expect = worker_identity(worker, worker.server_args)
+        profile = load_profile(
+            options.profile, expect, expect_device_name=device_name(torch.device(worker.device))
+        )
+        target_config = worker.target_worker.model_runner.model_config.hf_config.to_dict()
+        model = LatencyModel.from_profile(profile, ModelShape.from_hf_config(target_config))
+        measure = measures_overhead(options, getattr(worker.server_args, "tp_size", 1) or 1)
+        if options.measure_overhead and not measure:
+            logger.info("BASTION: step overhead not measured under tensor parallelism")
+        budget = cls(
+            mode=mode, max_nodes=max_nodes, layout=options.layout, model=model,
+            ema_alpha=options.ema_alpha, measure_overhead=measure, widths=options.widths,
+        )  # fmt: skip
+        measured = max(p.tokens_per_request for p in profile.grid)
+        if unmeasured := unmeasured_widths(budget.widths, measured):
+            logger.warning(
+                "BASTION: the profile measured verify widths up to %d tokens per request; "
+                "widths %s are priced by extrapolating its fit. To measure them, recalibrate "
+                "with bastion-calibrate ... --speculative-num-draft-tokens %d",
+                measured, ", ".join(map(str, unmeasured)), max_nodes,
+            )  # fmt: skip
+        return budget
+
+    def summary(self, profile: str | None) -> dict[str, Any]:
+        """What /server_info and the start-up log say about the controller."""
+        adaptive = self.model is not None
+        summary: dict[str, Any] = {
+            "mode": self.mode,
+            "layout": self.layout,
+            "max_nodes": self.max_nodes,
+            "widths": list(self.widths) if adaptive else None,
+            "profile": profile if adaptive else None,
+            "measure_overhead": self.measure_overhead,
+        }
+        if adaptive:
+            summary["hardware"] = self.model.hardware.name
+            summary["calibration"] = {
+                "slope": self.model.calibration.slope,
+                "intercept_ms": self.model.calibration.intercept_ms,
+                "grid_residual": self.model.residual is not None,
+            }
+        return summary
+
+    def decide(self, trees: TreeBatch, context_lens: torch.Tensor) -> Decision:
+        """Sizes and width for this step's trees at the batch's size and contexts."""
+        if self.mode == "fixed":
+            sizes = fixed_sizes(trees, self.max_nodes)
+            # The width is static (no host sync): slots past a smaller tree are padding.
+            return Decision(sizes, min(self.max_nodes, trees.max_nodes), None, None)
+        batch = trees.batch_size
+        context = float(context_lens.float().mean())
+        overhead = self.step_overhead_ms(batch)
+        cost = self.cost_vector_ms(batch, context) + overhead
+        if self.layout == "ragged":
+            sizes = per_request_sizes(trees, cost, self.model.ar_ms(batch))
+            largest = int(sizes.max())
+            width = next((w for w in self.widths if w >= largest), self.widths[-1])
+        else:
+            width = int(uniform_width(trees, cost, self.widths))
+            sizes = trees.num_nodes.clamp(max=width)
+        cycle = float(cost[width - 1])
+        return Decision(sizes, width, cycle - overhead - self.model.aux_ms(batch), cycle, overhead)
+
+    def cost_vector_ms(self, batch: int, context: float) -> torch.Tensor:
+        """[N] float64: predicted cycle ms for 1..N tokens per request (cached verify terms)."""
+        bucket = round(context / self.context_bucket) * self.context_bucket
+        key = (batch, bucket)
+        verify = self._verify_cache.get(key)
+        if verify is None:  # the mode's verify price at gamma = 1
+            if len(self._verify_cache) >= 4096:  # bounded: long-running servers see many keys
+                self._verify_cache.clear()
+            tokens = torch.arange(1, self.max_nodes + 1, dtype=torch.float64)  # [N]
+            price = self.model.verify_price_ms(batch, tokens, bucket, self.mode)
+            verify = self._verify_cache.setdefault(key, price)
+        # gamma is linear in the ema modes' price; static mode never learns one (it stays 1).
+        return self.model.aux_ms(batch) + self.gamma_at(batch) * verify
+
+    def gamma_at(self, batch: int) -> float:
+        """The verify price's online scale at this batch size (nearest observed; 1 before any)."""
+        return _nearest(self.gamma, batch, 1.0)
+
+    def step_overhead_ms(self, batch: int) -> float:
+        """Measured per-step time beyond the model's cycle: this batch size's, else the nearest."""
+        return _nearest(self.overhead_ms, batch, 0.0)
+
+    def observe_period(self, decision: Decision, batch: int, period_ms: float) -> None:
+        """Fold one decode step's period (its start to the next step's start) into the overhead."""
+        if not self.measure_overhead or decision.predicted_cycle_ms is None:
+            return
+        old = self.overhead_ms.get(batch)
+        if period_ms <= 0 or (old is not None and period_ms > 4 * decision.predicted_cycle_ms):
+            return  # a stall (GC, a paused client) once the batch size has an estimate
+        model_cycle = decision.predicted_cycle_ms - decision.overhead_ms
+        sample = max(period_ms - model_cycle, -0.5 * model_cycle)
+        self.overhead_ms[batch] = sample if old is None else old + self.ema_alpha * (sample - old)
+
+    def observe(self, decision: Decision, verify_ms: float) -> None:
+        """Fold an observed verify time into its batch size's gamma (ema modes; else counted)."""
+        self.observed_steps += 1
+        if self.mode in ("ema", "ema_calib") and decision.predicted_verify_ms:
+            batch = decision.sizes.numel()
+            gamma = self.gamma_at(batch)
+            bare = decision.predicted_verify_ms / gamma  # the prediction before gamma
+            self.gamma[batch] = ema_update(gamma, verify_ms, bare, self.ema_alpha)
+
+    @property
+    def needs_timing(self) -> bool:
+        """Whether decisions depend on observed step times."""
+        return self.mode in ("ema", "ema_calib")
+
+
+def _nearest(table: dict[int, float], batch: int, default: float) -> float:
+    """The table's value at this batch size, else at the nearest (the smaller on ties)."""
+    if batch in table:
+        return table[batch]
+    if not table:
+        return default
+    return table[min(table, key=lambda b: (abs(b - batch), b))]
+
+
+def unmeasured_widths(widths: tuple[int, ...], measured_up_to: int) -> list[int]:
+    """The controller's widths beyond the largest the profile measured (priced by the fit)."""
+    return [w for w in widths if w > measured_up_to]
+
+
+def measures_overhead(options: BastionOptions, tp_size: int) -> bool:
+    """Whether the controller prices its measured step overhead (never under TP > 1)."""
+    # Every tensor-parallel rank must choose the same trees, and each would time its own steps.
+    return options.measure_overhead and tp_size == 1

@@ -56,10 +56,9 @@ from sglang.srt.speculative.draft_worker_common import (
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
-from sglang_bastion.budget.live import Decision, LiveBudget
+from sglang_bastion.controller import Decision, LiveBudget
 from sglang_bastion.kernels import draft_head_topk, merge_shard_top_k, shard_top_k
 from sglang_bastion.options import BastionOptions
-from sglang_bastion.serving import make_budget, profile_summary
 from sglang_bastion.spec_algo import drafter_block_size
 from sglang_bastion.stats import BastionStats
 from sglang_bastion.trace import TraceWriter
@@ -98,11 +97,11 @@ class BastionWorker(DFlashWorkerV2):
         self.options = BastionOptions.from_env()
         self.max_nodes = min(self.options.max_nodes or self.window, self.window)
         self.top_k = self.options.top_k
-        self.budget: LiveBudget = make_budget(self, self.options, self.max_nodes)
+        self.budget = LiveBudget.for_worker(self, self.options, self.max_nodes)
         self.stats = BastionStats()
         # (start, decision, batch size) of the last decode step, while no prefill has run since
         self._period: tuple[float, Decision, int] | None = None
-        self.profile_info = profile_summary(self.budget, self.options)
+        self.profile_info = self.budget.summary(self.options.profile)
         self.trace = None
         if self.options.trace and get_parallel().tp_rank == 0:  # ranks step in lockstep
             header = {"top_k": self.top_k, "max_nodes": self.max_nodes,

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from helpers import random_marginals
 
-from sglang_bastion.controller import fixed_sizes, per_request_sizes, ragged_sizes, uniform_width
+from sglang_bastion.controller import fixed_sizes, per_request_sizes, uniform_width
 from sglang_bastion.tree import TreeBatch, build_trees
 
 
@@ -86,39 +84,6 @@ def test_uniform_width_refuses_widths_outside_the_tree():
         uniform_width(trees, torch.ones(8), [4, 16])
 
 
-def brute_force_ragged(trees: TreeBatch, total_cost: torch.Tensor) -> float:
-    a_hat = trees.surrogate().double()
-    batch, nodes = a_hat.shape
-    best = 0.0
-    for sizes in itertools.product(range(1, nodes + 1), repeat=batch):
-        value = sum(float(a_hat[b, n - 1]) for b, n in enumerate(sizes)) / float(
-            total_cost[sum(sizes) - 1]
-        )
-        best = max(best, value)
-    return best
-
-
-@pytest.mark.parametrize("seed", range(12))
-def test_ragged_allocation_is_optimal_against_brute_force(seed):
-    gen = torch.Generator().manual_seed(seed)
-    batch, nodes = 3, 5
-    trees = random_trees(seed, batch=batch, nodes=nodes)
-    base, slope, curve = (torch.rand(3, generator=gen) * torch.tensor([3.0, 0.5, 0.05])).tolist()
-    total_cost = convex_cost(batch * nodes, base + 0.5, slope, curve)
-    sizes = ragged_sizes(trees, total_cost)
-    a_hat = trees.surrogate().double()
-    value = float(
-        sum(a_hat[b, sizes[b] - 1] for b in range(batch)) / total_cost[int(sizes.sum()) - 1]
-    )
-    assert value == pytest.approx(brute_force_ragged(trees, total_cost), rel=1e-9)
-
-
-def test_ragged_gives_more_nodes_to_the_more_confident_request():
-    trees = trees_with_rho([[1.0, 0.9, 0.8, 0.7], [1.0, 0.1, 0.01, 0.001]])
-    sizes = ragged_sizes(trees, convex_cost(8, 1.0, 0.2, 0.0))
-    assert sizes[0] > sizes[1]
-
-
 def test_fixed_budget_caps_at_the_real_nodes():
     trees = random_trees(0, batch=3, nodes=8).truncate(torch.tensor([2, 8, 5]))
     assert fixed_sizes(trees, 4).tolist() == [2, 4, 4]
@@ -130,5 +95,3 @@ def test_cost_vectors_of_the_wrong_length_are_refused():
     trees = random_trees(0, batch=2, nodes=8)
     with pytest.raises(ValueError, match="cost_ms"):
         per_request_sizes(trees, torch.ones(7))
-    with pytest.raises(ValueError, match="total_cost_ms"):
-        ragged_sizes(trees, torch.ones(8))

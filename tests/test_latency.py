@@ -19,7 +19,6 @@ from sglang_bastion.budget import (
     cost_vector_ms,
     ema_update,
     roofline_ms,
-    total_cost_vector_ms,
 )
 
 SHAPE = ModelShape.from_config_file(Path(__file__).parent / "data" / "qwen3-8b-config.json")
@@ -158,13 +157,3 @@ def test_cost_vector_is_positive_non_decreasing_and_convex(mode, batch):
 def test_cost_vector_needs_at_least_one_token():
     with pytest.raises(ValueError, match="max_tokens"):
         cost_vector_ms(MODEL, 1, 0, 0)
-
-
-def test_total_cost_vector_prices_t_tokens_split_evenly_over_the_batch():
-    costs = total_cost_vector_ms(MODEL, batch=4, max_total_tokens=256, context=1024)
-    assert costs.shape == (256,) and costs.dtype == torch.float64
-    # T = 64 tokens over 4 requests costs what 16 tokens per request cost.
-    assert float(costs[63]) == pytest.approx(float(MODEL.cycle_ms(4, 16, 1024)))
-    tolerance = 1e-9 * float(costs.max())
-    assert float(costs.diff().min()) >= -tolerance
-    assert float(costs.diff(n=2).min()) >= -tolerance

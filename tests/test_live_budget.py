@@ -7,7 +7,7 @@ import torch
 from helpers import random_marginals
 
 from sglang_bastion.budget import Calibration, Hardware, LatencyModel, ModelShape
-from sglang_bastion.budget.live import LiveBudget, width_ladder
+from sglang_bastion.controller import LiveBudget, width_ladder
 from sglang_bastion.tree import build_trees
 
 SHAPE = ModelShape.from_hf_config(

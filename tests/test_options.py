@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_bastion.controller import measures_overhead, unmeasured_widths
 from sglang_bastion.options import BastionOptions
-from sglang_bastion.serving import measures_overhead, unmeasured_widths
 
 
 def options(monkeypatch, **env: str) -> BastionOptions:

@@ -6,7 +6,6 @@ from sglang_bastion.budget.latency import (
     LatencyModel,
     cost_vector_ms,
     ema_update,
-    total_cost_vector_ms,
 )
 from sglang_bastion.budget.profile import (
     SCHEMA_VERSION,
@@ -57,7 +56,6 @@ __all__ = [
     "profile_to_dict",
     "roofline_ms",
     "save_profile",
-    "total_cost_vector_ms",
     "verify_bytes",
     "verify_flops",
 ]

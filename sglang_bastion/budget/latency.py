@@ -124,6 +124,28 @@ class LatencyModel:
         """L_AR (ms): one autoregressive target step for ``batch`` requests."""
         return _interpolate(self.l_ar_table, batch)
 
+    def verify_price_ms(
+        self,
+        batch: float,
+        tokens: Scalar,
+        context: Scalar,
+        mode: CostMode = "static",
+        gamma: float = 1.0,
+    ) -> torch.Tensor:
+        """T_verify (ms) as ``mode`` prices it; tokens and context broadcast.
+
+        ``static``: the calibrated prediction; ``ema``: gamma times the bare roofline;
+        ``ema_calib``: gamma times the calibrated prediction.
+        """
+        if mode not in COST_MODES:
+            raise ValueError(f"unknown cost mode {mode!r}; expected one of {COST_MODES}")
+        if mode == "static":
+            return self.verify_ms(batch, tokens, context)
+        if not gamma > 0:
+            raise ValueError(f"gamma must be > 0, got {gamma}")
+        price = self.roofline_ms if mode == "ema" else self.verify_ms
+        return gamma * price(batch, tokens, context)
+
     def cycle_ms(
         self,
         batch: float,
@@ -133,17 +155,7 @@ class LatencyModel:
         gamma: float = 1.0,
     ) -> torch.Tensor:
         """Cycle latency (ms) = T_aux + T_verify under ``mode``; tokens and context broadcast."""
-        if mode == "static":
-            verify = self.verify_ms(batch, tokens, context)
-        elif mode == "ema":
-            verify = gamma * self.roofline_ms(batch, tokens, context)
-        elif mode == "ema_calib":
-            verify = gamma * self.verify_ms(batch, tokens, context)
-        else:
-            raise ValueError(f"unknown cost mode {mode!r}; expected one of {COST_MODES}")
-        if mode != "static" and not gamma > 0:
-            raise ValueError(f"gamma must be > 0, got {gamma}")
-        return self.aux_ms(batch) + verify
+        return self.aux_ms(batch) + self.verify_price_ms(batch, tokens, context, mode, gamma)
 
 
 def ema_update(gamma: float, observed_ms: float, predicted_ms: float, alpha: float) -> float:
@@ -171,20 +183,3 @@ def cost_vector_ms(
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     tokens = torch.arange(1, max_tokens + 1, dtype=torch.float64)  # [max_tokens]
     return model.cycle_ms(batch, tokens, context, mode, gamma)
-
-
-def total_cost_vector_ms(
-    model: LatencyModel,
-    batch: float,
-    max_total_tokens: int,
-    context: float,
-    mode: CostMode = "static",
-    gamma: float = 1.0,
-) -> torch.Tensor:
-    """[max_total_tokens] float64 CPU: cycle latency for T = 1..max_total_tokens over the batch."""
-    # For ragged per-request sizes: every term depends on the allocation only through T, except
-    # attention among the new tokens (sum of t_r^2), priced at an even split t_r = T / B.
-    if max_total_tokens < 1:
-        raise ValueError(f"max_total_tokens must be >= 1, got {max_total_tokens}")
-    total = torch.arange(1, max_total_tokens + 1, dtype=torch.float64)  # [T]
-    return model.cycle_ms(batch, total / batch, context, mode, gamma)
