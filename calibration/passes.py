@@ -31,30 +31,28 @@ from sglang_bastion.calibration.timing import synchronize
 
 
 class VerifyClock:
-    """Times the worker's tree-dependent span (``_verify_trees``) while the context is open."""
+    """Adds up the worker's tree-dependent span while the context is open.
+
+    The worker reports each step's span through its ``verify_listener`` hook (it synchronises
+    the device around ``_verify_trees`` and times it, as it does for the EMA modes).
+    """
 
     def __init__(self, worker: Any, device: torch.device) -> None:
         self.worker, self.device = worker, device
         self.verify_ms = 0.0
-        self.width = 0  # tokens per request the step verified (its last argument, W)
+        self.width = 0  # tokens per request the step verified (W)
+
+    def record(self, width: int, verify_ms: float) -> None:
+        """The worker's hook: one step verified ``width`` tokens per request in ``verify_ms``."""
+        self.width = width
+        self.verify_ms += verify_ms
 
     def __enter__(self) -> VerifyClock:
-        original = type(self.worker)._verify_trees
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            synchronize(self.device)
-            start = time.perf_counter()
-            out = original(self.worker, *args, **kwargs)
-            synchronize(self.device)
-            self.verify_ms += (time.perf_counter() - start) * 1e3
-            self.width = int(kwargs.get("width", args[-1] if args else 0))
-            return out
-
-        self.worker._verify_trees = timed  # shadows the method on this instance only
+        self.worker.verify_listener = self.record
         return self
 
     def __exit__(self, *exc: object) -> None:
-        del self.worker._verify_trees
+        self.worker.verify_listener = None
 
 
 class StepShapes:

@@ -3,14 +3,19 @@
 It extends SGLang's DFlash worker, whose drafter loading, draft KV pool, hidden-state capture
 and prefill it keeps, and replaces the decode step:
 
-1. Draft: one non-causal pass of the DFlash drafter over [bonus, MASK x (B-1)] for the whole
-   batch; the target's LM head turns the block's hidden states into marginals q_1..q_{B-1}.
-2. Tree: ``build_trees`` picks each request's best-first tree from its top-K marginals and
-   the budget decides its size; ``linearize`` lays the trees out as SGLang verify inputs.
+1. Draft: one non-causal pass of the DFlash drafter over its block [bonus, MASK x D] for the
+   whole batch; the target's LM head turns the block's hidden states into marginals
+   q_1..q_D (``draft_head_topk``: their top-K).
+2. Tree: ``build_trees_from_top_k`` picks each request's best-first tree from its top-K
+   marginals, the controller (``self.budget``) decides its size, and ``verify_inputs`` lays
+   the trees out as SGLang verify inputs.
 3. Verify: one target forward over every tree with the tree attention mask.
 4. Accept: the target's own token at every node (argmax, or a sample from the request's
-   processed distribution), ``accept_path`` walks the tree; the accepted path's target KV
-   moves to the front of the request's window and its features go into the draft KV.
+   processed distribution), ``accept`` walks the tree; the accepted path's target KV moves to
+   the front of the request's window and its features go into the draft KV.
+
+Letters: B requests, D draft positions (the drafter's block is D + 1 long), K top-K, N the
+tree budget, W the verify width, V the vocabulary.
 
 Grammar-constrained requests get SGLang's vocabulary mask at every tree node (its grammar
 walked down the tree, as for EAGLE trees) before the target's tokens are drawn, and logprob
@@ -25,6 +30,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,7 +44,7 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
 )
-from sglang.srt.runtime_context import get_parallel
+from sglang.srt.runtime_context import get_parallel, get_spec
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_utils import (
@@ -62,7 +69,7 @@ from sglang_bastion.options import BastionOptions
 from sglang_bastion.spec_algo import drafter_block_size
 from sglang_bastion.stats import BastionStats
 from sglang_bastion.trace import TraceWriter
-from sglang_bastion.tree import TreeBatch, accept, build_trees_from_top_k, verify_inputs
+from sglang_bastion.tree import Acceptance, TreeBatch, accept, build_trees_from_top_k, verify_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -74,16 +81,36 @@ def use_torch_qk_norm_rope(model: torch.nn.Module) -> None:
             module.use_table_qk_norm_rope = False
 
 
+@dataclass(frozen=True)
+class DecodeStep:
+    """What every stage of one decode step reads about the batch's KV."""
+
+    window: torch.Tensor  # [B, window] long: the KV slots each request reserved this step
+    prefix: torch.Tensor  # [B]: committed tokens (the bonus is not in the KV yet)
+    prefix_cpu: torch.Tensor  # [B]: their host copy (SGLang's seq_lens_cpu)
+
+
+@dataclass(frozen=True)
+class Verified:
+    """The tree-dependent span's results: what the rest of the step needs from it."""
+
+    logits_output: Any  # SGLang's LogitsProcessorOutput of the verify pass
+    hidden: torch.Tensor  # [B, W, H] target features captured at every node
+    target_tokens: torch.Tensor  # [B, W] the target's token at every node
+    accepted: Acceptance  # paths, bonus tokens, KV moves
+
+
 class BastionWorker(DFlashWorkerV2):
     """SGLang's DFlash worker with BASTION's tree drafting and verification in decode."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # SGLang ties the drafter's block to the verify width; BASTION verifies W tree slots
-        # (the window reserved per request) but drafts a block of the drafter's own size B.
-        self.window = int(self.block_size)
+        # SGLang reserves speculative_num_draft_tokens KV slots per request and step (the
+        # window, which holds both the tree's N and the drafter's block: spec_algo) and DFlash
+        # drafts a block of that size; BASTION drafts the drafter's own block of D + 1.
+        self.window = int(get_spec().speculative_num_draft_tokens)
         drafter = self.server_args.speculative_draft_model_path
-        self.block_size = min(drafter_block_size(drafter), self.window)
+        self.block_size = min(drafter_block_size(drafter), self.window)  # D + 1, as DFlash reads it
         self.draft_model.set_block_size(self.block_size)
         self._block_pos_offsets = build_block_pos_offsets(
             length=self.block_size, device=self.device
@@ -92,6 +119,9 @@ class BastionWorker(DFlashWorkerV2):
             draft_token_num=self.block_size, device=self.device
         )
         self._draft_block_ids_buf = None  # re-sized for B on first use
+        self._tp_group = get_parallel().tp_group
+        # Called with (W, verify ms) after every step's tree-dependent span (bastion-calibrate).
+        self.verify_listener: Callable[[int, float], None] | None = None
         if torch.device(self.device).type == "cpu":
             use_torch_qk_norm_rope(self.draft_model)
         self.options = BastionOptions.from_env()
@@ -155,9 +185,9 @@ class BastionWorker(DFlashWorkerV2):
         slots = torch.arange(self.window, device=self.device)
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         window = req_to_token[batch.req_pool_indices.unsqueeze(1), prefix.unsqueeze(1) + slots]
-        window = window.to(torch.int64)  # [bs, window]: KV slots reserved for this step
+        step = DecodeStep(window.to(torch.int64), prefix, prefix_cpu)
 
-        top_q, top_ids = self._draft_marginals(batch, draft_input, window, prefix, prefix_cpu)
+        top_q, top_ids = self._draft_marginals(batch, draft_input, step)
         trees = build_trees_from_top_k(
             top_q, top_ids, draft_input.bonus_tokens.to(torch.long), max_nodes=self.max_nodes,
             kernels=self.options.kernels,
@@ -165,23 +195,25 @@ class BastionWorker(DFlashWorkerV2):
         if self._period is not None:  # the previous decode step's full period ends here
             last_start, last_decision, last_bs = self._period
             self.budget.observe_period(last_decision, last_bs, (started - last_start) * 1e3)
-        decision = self._decide(trees, batch_size=bs, context_lens=prefix_cpu)  # host copy: no sync
+        decision = self.budget.decide(trees, prefix_cpu)  # host copy of the contexts: no sync
         self._period = (started, decision, bs)
         trees = trees.truncate(decision.sizes).narrow(decision.width)
         width = decision.width
         debug = logger.isEnabledFor(logging.DEBUG)
-        timed = self.budget.needs_timing or self.trace is not None or debug
+        listener = self.verify_listener
+        timed = self.budget.needs_timing or self.trace is not None or debug or listener is not None
         verify_start = self._now(timed)
-        logits_output, hidden, target_tokens, accepted = self._verify_trees(
-            batch, trees, window, prefix, prefix_cpu, width
-        )
+        verified = self._verify_trees(batch, trees, step, width)
         verify_ms = (self._now(timed) - verify_start) * 1e3 if timed else None
-        path, bonus = accepted.path, accepted.bonus_tokens
+        if listener is not None:
+            listener(width, verify_ms)
+        logits_output, target_tokens = verified.logits_output, verified.target_tokens
+        path, bonus = verified.accepted.path, verified.accepted.bonus_tokens
 
-        accept_lens = accepted.num_accepted + 1  # [bs]: accepted drafts + the bonus
-        self._write_draft_features(batch, hidden, window, prefix, prefix_cpu, path, accept_lens)
+        accept_lens = verified.accepted.num_accepted + 1  # [bs]: accepted drafts + the bonus
+        self._write_draft_features(batch, verified.hidden, step, path, accept_lens)
 
-        out_tokens = target_tokens.gather(1, path.clamp(min=0))  # [bs, B]: emitted run first
+        out_tokens = target_tokens.gather(1, path.clamp(min=0))  # [bs, D+1]: emitted run first
         new_seq_lens = prefix + accept_lens.to(prefix.dtype)
         self._account(decision, accept_lens, verify_ms)
         if self.trace is not None and self.trace.active:
@@ -200,11 +232,6 @@ class BastionWorker(DFlashWorkerV2):
             speculative_num_draft_tokens=int(self.block_size),
             new_seq_lens=new_seq_lens,
         )
-
-    def _decide(self, trees: TreeBatch, *, batch_size: int, context_lens: torch.Tensor) -> Decision:
-        """This step's tree sizes and verify width, for the batch's size and contexts."""
-        del batch_size  # the trees carry it; named at the call site for the reader
-        return self.budget.decide(trees, context_lens)
 
     def _now(self, timed: bool) -> float:
         """Wall time after the device finished queued work (0.0 when not timing)."""
@@ -275,14 +302,14 @@ class BastionWorker(DFlashWorkerV2):
         })  # fmt: skip
 
     def _draft_marginals(
-        self, batch: Any, draft_input: Any, window: torch.Tensor, prefix: torch.Tensor,
-        prefix_cpu: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """[bs, B-1, K] top-K draft marginals (full-vocabulary probabilities) and their tokens."""
-        bs, block = window.shape[0], self.block_size
+        self, batch: Any, draft_input: Any, step: DecodeStep
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[bs, D, K] top-K draft marginals (full-vocabulary probabilities) and their tokens."""
+        prefix, prefix_cpu = step.prefix, step.prefix_cpu
+        bs, block = step.window.shape[0], self.block_size
         target_model = self.target_worker.model_runner.model
         block_ids = torch.full((bs, block), int(self._mask_token_id), device=self.device)
-        block_ids[:, 0] = draft_input.bonus_tokens  # [bs, B]: bonus, MASK x (B-1)
+        block_ids[:, 0] = draft_input.bonus_tokens  # [bs, D+1]: bonus, MASK x D
         if self._full_embed_gpu is not None:
             embeds = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
         else:
@@ -292,8 +319,8 @@ class BastionWorker(DFlashWorkerV2):
             embeds = embed(block_ids)
         if self._noise_embed_scale != 1.0:
             embeds = embeds * self._noise_embed_scale
-        positions = (prefix.unsqueeze(1) + self._block_pos_offsets).reshape(-1)  # [bs*B]
-        out_cache_loc = window[:, :block].reshape(-1)
+        positions = (prefix.unsqueeze(1) + self._block_pos_offsets).reshape(-1)  # [bs*(D+1)]
+        out_cache_loc = step.window[:, :block].reshape(-1)
         plan = self._plan(batch, prefix, prefix_cpu, out_cache_loc, block)
         seq_lens_cpu = (prefix_cpu + block).to(torch.int32)
         forward_batch = ForwardBatch(
@@ -316,7 +343,7 @@ class BastionWorker(DFlashWorkerV2):
         plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
         with torch.inference_mode():
             hidden = self.draft_model_runner.forward(forward_batch).logits_output.hidden_states
-        hidden = hidden.view(bs, block, -1)[:, 1:]  # [bs, B-1, H]: the masked positions
+        hidden = hidden.view(bs, block, -1)[:, 1:]  # [bs, D, H]: the masked positions
         lm_head = unwrap_lora_layer(target_model.lm_head)
         vocab = int(self.model_runner.model_config.vocab_size)
         top_k = min(self.top_k, vocab)
@@ -333,7 +360,7 @@ class BastionWorker(DFlashWorkerV2):
         its shard's top-K and log-sum-exp, one all-gather shares them, and every rank merges
         the same numbers into the same marginals, so every rank builds the same trees.
         """
-        group = get_parallel().tp_group
+        group = self._tp_group
         if group.world_size == 1:
             return draft_head_topk(rows, lm_head.weight, vocab, top_k, kernels=self.options.kernels)
         shard = lm_head.shard_indices
@@ -359,15 +386,13 @@ class BastionWorker(DFlashWorkerV2):
             read_extent=extent,
         )
 
-    def _verify_trees(
-        self, batch: Any, trees: TreeBatch, window: torch.Tensor, prefix: torch.Tensor,
-        prefix_cpu: torch.Tensor, width: int,
-    ) -> tuple[Any, torch.Tensor, torch.Tensor, Any]:  # fmt: skip
+    def _verify_trees(self, batch: Any, trees: TreeBatch, step: DecodeStep, width: int) -> Verified:
         """Everything a step's cost owes to its trees: verify, target tokens, acceptance, KV.
 
         This span is T_verify(B, W, c) for the controller: the worker times it for the EMA
-        modes and the trace, and ``bastion-calibrate`` times the same method.
+        modes, the trace and ``verify_listener`` (``bastion-calibrate``).
         """
+        window, prefix, prefix_cpu = step.window, step.prefix, step.prefix_cpu
         bs = len(prefix)
         verify = verify_inputs(trees, prefix, prefix_cpu, kernels=self.options.kernels)
         grammar = None
@@ -380,17 +405,17 @@ class BastionWorker(DFlashWorkerV2):
             batch, verify, window[:, :width], prefix_cpu, width, grammar
         )
         target_tokens = self._target_tokens(batch, logits_output.next_token_logits, bs, width)
-        # The whole window: B may exceed W.
+        # The whole window: the drafter's block may exceed W.
         depth, kernels = self.block_size - 1, self.options.kernels
         accepted = accept(trees, target_tokens, window, max_depth=depth, kernels=kernels)
         self._keep_accepted_kv(accepted.kv_source, accepted.kv_target)
         if batch.return_logprob:
             rows = torch.arange(bs, device=target_tokens.device).unsqueeze(1) * width
-            compute_spec_logprobs(  # [bs, B]: the emitted tokens' rows, in emitted order
+            compute_spec_logprobs(  # [bs, D+1]: the emitted tokens' rows, in emitted order
                 batch, logits_output, target_tokens.reshape(-1),
                 accept_index=rows + accepted.path.clamp(min=0),
             )  # fmt: skip
-        return logits_output, hidden, target_tokens, accepted
+        return Verified(logits_output, hidden, target_tokens, accepted)
 
     def _verify(
         self, batch: Any, verify: Any, window: torch.Tensor, prefix_cpu: torch.Tensor, width: int,
@@ -448,7 +473,7 @@ class BastionWorker(DFlashWorkerV2):
                 next_token_logits=logits, sampling_info=info, draft_token_num=width, bs=bs
             )
             tokens = torch.multinomial(probs.view(bs * width, -1), 1).view(bs, width)
-        group = get_parallel().tp_group
+        group = self._tp_group
         if group.world_size > 1 and (SYNC_TOKEN_IDS_ACROSS_TP or batch.has_grammar):
             # Ranks draw alike from the same seeded state; SGLang's sampler syncs them anyway
             # under this flag or a grammar, and so do we.
@@ -469,14 +494,15 @@ class BastionWorker(DFlashWorkerV2):
         pool.move_kv_cache(target, source)
 
     def _write_draft_features(
-        self, batch: Any, hidden: torch.Tensor, window: torch.Tensor, prefix: torch.Tensor,
-        prefix_cpu: torch.Tensor, path: torch.Tensor, accept_lens: torch.Tensor,
+        self, batch: Any, hidden: torch.Tensor, step: DecodeStep, path: torch.Tensor,
+        accept_lens: torch.Tensor,
     ) -> None:  # fmt: skip
         """Project the accepted path's target features into the draft KV at their slots."""
-        bs, depth = path.shape
+        prefix = step.prefix
+        bs, depth = path.shape  # depth: D + 1 path columns
         features = hidden.gather(1, path.clamp(min=0).unsqueeze(2).expand(-1, -1, hidden.shape[2]))
-        rows = window[:, :depth]  # [bs, D+1]: where the accepted path now lives
-        plan = self._plan(batch, prefix, prefix_cpu, rows.reshape(-1), depth)
+        rows = step.window[:, :depth]  # [bs, D+1]: where the accepted path now lives
+        plan = self._plan(batch, prefix, step.prefix_cpu, rows.reshape(-1), depth)
         cache_loc = self._draft_write_ids(plan)
         positions = (prefix.unsqueeze(1) + torch.arange(depth, device=prefix.device)).reshape(-1)
         self._append_target_hidden_to_draft_kv_by_loc(
