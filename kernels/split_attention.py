@@ -202,7 +202,7 @@ def _bytes(mask: torch.Tensor) -> torch.Tensor:
     return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["chunk", "splits", "row_blocks"])  # they follow the batch
 def _partial_kernel(
     q_ptr, sq_b, sq_n, sq_h,
     k_ptr, sk_slot, sk_h, v_ptr, sv_slot, sv_h,
@@ -289,7 +289,7 @@ def _online_step(scores, v, m, total, acc, PRECISION: tl.constexpr):
     return m_new, total, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["parts"])  # follows the batch through the split count
 def _merge_kernel(
     part_out_ptr, part_lse_ptr, tree_lens_ptr, out_ptr, parts, nodes, heads,
     PP: tl.constexpr, DV: tl.constexpr,
