@@ -1,7 +1,7 @@
 /* Best-first trees on CPU: the n best nodes of each request's top-K lattice, by lazy merges.
  *
- * The CPU path of sglang_bastion/tree/builder.py (strategy "merge"). Heap-free, and it visits
- * only about n + K * D lattice nodes per request, where the torch pools compute thousands:
+ * The CPU path of sglang_bastion/tree/builder.py (build_trees_compiled). Heap-free, and it
+ * visits only about n + K * D lattice nodes per request:
  *
  *   - Depth d's nodes, best first, are a merge of K lists: for each rank k, "depth-(d-1)
  *     node i + the rank-k token of q_d" for i = 0, 1, ... in depth d-1's own best-first
@@ -15,7 +15,7 @@
  *     wins a tie by being shallower.
  *
  * Ties between lists of one merge go to the lower rank (or depth). Scores are float32 sums
- * from the root down, parent + log q, the additions the torch pools make, so every log score
+ * from the root down, parent + log q, the additions the heap reference makes, so every log score
  * equals its parent's plus log q exactly. Tensors are passed by data address; the GIL is
  * released while the batch is built.
  *
