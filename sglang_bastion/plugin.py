@@ -52,11 +52,15 @@ def _worker_factory(server_args: object) -> type:
 
 
 def _register_hooks() -> None:
-    """SGLang plugin hooks: the worker's state in /server_info; per-request refusals."""
+    """SGLang plugin hooks: /server_info; per-request refusals; penalties for the worker."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from sglang_bastion.node_sampling import COPY_FOR_FORWARD_HOOK, keep_penalizers
+    from sglang_bastion.request_guard import VALIDATE_HOOK, refuse_request_killers
     from sglang_bastion.serving import INTERNAL_STATE_HOOK, add_server_info
     from sglang_bastion.spec_algo import REQUEST_CHECK_HOOK, refuse_unsupported_request
 
     HookRegistry.register(INTERNAL_STATE_HOOK, add_server_info, HookType.AFTER)
     HookRegistry.register(REQUEST_CHECK_HOOK, refuse_unsupported_request, HookType.AFTER)
+    HookRegistry.register(VALIDATE_HOOK, refuse_request_killers, HookType.AFTER)
+    HookRegistry.register(COPY_FOR_FORWARD_HOOK, keep_penalizers, HookType.AFTER)

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
-from sglang.srt.layers.sampler import SYNC_TOKEN_IDS_ACROSS_TP
+from sglang.srt.layers.sampler import SYNC_TOKEN_IDS_ACROSS_TP, apply_custom_logit_processor
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import (
@@ -45,12 +45,10 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardMode,
 )
 from sglang.srt.runtime_context import get_parallel, get_spec
+from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
-from sglang.srt.speculative.dflash_utils import (
-    apply_dflash_verify_logits_adjustments,
-    build_speculative_verify_target_probs,
-)
+from sglang.srt.speculative.dflash_utils import build_speculative_verify_target_probs
 from sglang.srt.speculative.dflash_worker_v2 import (
     DFlashWorkerV2,
     _resolve_dflash_embedding_module,
@@ -65,6 +63,12 @@ from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_m
 
 from sglang_bastion.controller import Decision, LiveBudget
 from sglang_bastion.kernels import draft_head_topk, merge_shard_top_k, shard_top_k
+from sglang_bastion.node_sampling import (
+    commit_emitted,
+    penalize_tree_logits,
+    penalizers_of,
+    state_from_penalizers,
+)
 from sglang_bastion.options import BastionOptions
 from sglang_bastion.spec_algo import drafter_block_size
 from sglang_bastion.stats import BastionStats
@@ -164,10 +168,13 @@ class BastionWorker(DFlashWorkerV2):
         """Prefill as DFlash does; decode with one BASTION tree step."""
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             self._period = None  # the next decode period would include this prefill
-            return super().forward_batch_generation(
+            result = super().forward_batch_generation(
                 batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
                 pp_proxy_tensors=pp_proxy_tensors,
             )  # fmt: skip
+            first = result.next_token_ids.view(-1, 1)  # [bs, 1]: each request's first token
+            self._commit_penalties(batch, first, torch.ones_like(first[:, 0]))
+            return result
         if batch.forward_mode.is_idle() or batch.spec_info is None:
             self._period = None
             return super().forward_batch_generation(batch, on_publish=on_publish)
@@ -214,6 +221,7 @@ class BastionWorker(DFlashWorkerV2):
         self._write_draft_features(batch, verified.hidden, step, path, accept_lens)
 
         out_tokens = target_tokens.gather(1, path.clamp(min=0))  # [bs, D+1]: emitted run first
+        self._commit_penalties(batch, out_tokens, accept_lens)
         new_seq_lens = prefix + accept_lens.to(prefix.dtype)
         self._account(decision, accept_lens, verify_ms)
         if self.trace is not None and self.trace.active:
@@ -402,7 +410,7 @@ class BastionWorker(DFlashWorkerV2):
                 verify.input_ids.view(bs, width),
             )  # fmt: skip
         logits_output, hidden = self._verify(
-            batch, verify, window[:, :width], prefix_cpu, width, grammar
+            batch, verify, window[:, :width], prefix_cpu, width, grammar, trees
         )
         target_tokens = self._target_tokens(batch, logits_output.next_token_logits, bs, width)
         # The whole window: the drafter's block may exceed W.
@@ -419,12 +427,14 @@ class BastionWorker(DFlashWorkerV2):
 
     def _verify(
         self, batch: Any, verify: Any, window: torch.Tensor, prefix_cpu: torch.Tensor, width: int,
-        grammar: GrammarTree | None = None,
+        grammar: GrammarTree | None = None, trees: TreeBatch | None = None,
     ) -> tuple[Any, torch.Tensor]:  # fmt: skip
         """One target forward over every tree with the tree mask: logits and captured features.
 
-        The logits come back processed as the requests' sampling asks (penalties, biases) and,
-        for grammar-constrained requests, masked at every node by the grammar's state there.
+        The logits come back processed as the requests' sampling asks at every node, as the
+        plain server would process them after emitting that node's path (penalties with the
+        path's tokens counted, min_new_tokens by the node's output length, biases) and, for
+        grammar-constrained requests, masked at every node by the grammar's state there.
         """
         out_cache_loc = window.reshape(-1)
         verify_input = DFlashVerifyInput(
@@ -455,13 +465,44 @@ class BastionWorker(DFlashWorkerV2):
                 device=logits.device, barrier=None,
             )  # fmt: skip
         if batch.sampling_info is not None:
-            apply_dflash_verify_logits_adjustments(
-                next_token_logits=logits, sampling_info=batch.sampling_info, draft_token_num=width
-            )
+            self._process_logits(batch, logits, trees, width)
         if mask is not None:
             mask.apply(logits)
         hidden = logits_output.hidden_states  # consumed before the next target forward
         return logits_output, hidden.view(len(batch.seq_lens), width, -1)
+
+    def _process_logits(
+        self, batch: Any, logits: torch.Tensor, trees: TreeBatch | None, width: int
+    ) -> None:
+        """[bs*W, V] verify logits, in place, as the plain server processes each node's logits.
+
+        Penalties first (per node: see ``node_sampling``), then the logit bias, then custom
+        logit processors, in the plain server's order; grammar masks are applied by the caller.
+        """
+        info = batch.sampling_info
+        orchestrator = penalizers_of(info)
+        if orchestrator is not None and orchestrator.is_required and trees is not None:
+            additive, scaling = info.acc_additive_penalties, info.acc_scaling_penalties
+            if additive is None and scaling is None:  # not accumulated for this forward
+                additive = torch.zeros(len(info), logits.shape[1], device=logits.device)
+                orchestrator.accumulate_additive_penalties(additive)
+                scaling = orchestrator.accumulate_scaling_penalties()
+            state = state_from_penalizers(orchestrator.penalizers.values(), batch.reqs)
+            penalize_tree_logits(
+                logits, trees, self.block_size - 1, additive, scaling, state,
+                apply_scaling_penalties,
+            )  # fmt: skip
+        if info.logit_bias is not None:
+            logits.view(len(info), width, -1).add_(info.logit_bias.unsqueeze(1))
+        if info.has_custom_logit_processor:  # sees the committed output, not each node's path
+            apply_custom_logit_processor(logits, info, num_tokens_in_batch=width)
+
+    def _commit_penalties(self, batch: Any, emitted: torch.Tensor, lens: torch.Tensor) -> None:
+        """Count the step's emitted tokens into the requests' penalty state (SGLang's)."""
+        orchestrator = penalizers_of(batch.sampling_info)
+        if orchestrator is not None and orchestrator.is_required:
+            state = state_from_penalizers(orchestrator.penalizers.values())
+            commit_emitted(state, emitted, lens)
 
     def _target_tokens(self, batch: Any, logits: torch.Tensor, bs: int, width: int) -> torch.Tensor:
         """[bs, W] the target's token at every node: argmax, or a sample per request."""
