@@ -21,3 +21,37 @@ def pair(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("pair")
     target = write_target(root / "target", few_tokens=FEW_TOKENS)
     return target, write_drafter(root / "drafter", target)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_profile(tmp_path_factory) -> Path:
+    """The shipped tiny-pair profile if it was measured on this CPU kind, else a fresh one.
+
+    A profile names the device it was measured on and the server refuses it elsewhere, so on
+    another CPU model the tests calibrate the trained pair on this host (the quick grid).
+    """
+    import json
+    import shutil
+    import subprocess
+
+    import torch
+    from server_utils import CPU_ARGS, SERVER_ENV, server_env
+
+    from sglang_bastion.budget.identity import device_name
+
+    root = Path(__file__).resolve().parent.parent
+    shipped, pair = (
+        root / "calibration" / "profiles" / "tiny-pair-cpu.json",
+        root / "training" / "pair",
+    )
+    measured_on = json.loads(shipped.read_text())["hardware"]["device_name"]
+    if measured_on == device_name(torch.device("cpu")):
+        return shipped
+    out = tmp_path_factory.mktemp("profile") / "profile.json"
+    command = [shutil.which("bastion-calibrate") or "bastion-calibrate", "--quick", "--no-progress",
+               "--model-path", str(pair / "target"), "--speculative-draft-model-path",
+               str(pair / "drafter"), "--output", str(out), *CPU_ARGS,
+               "--attention-backend", "bastion_cpu"]  # fmt: skip
+    env = server_env({**SERVER_ENV, "SGLANG_BASTION_TOPK": "8"})
+    subprocess.run(command, env=env, check=True, capture_output=True, timeout=900)
+    return out

@@ -31,7 +31,6 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIR = ROOT / "training" / "pair"
-PROFILE = ROOT / "calibration" / "profiles" / "tiny-pair-cpu.json"
 BACKEND = ["--attention-backend", "bastion_cpu", "--max-total-tokens", "8192"]
 ENV = {**SERVER_ENV, "SGLANG_BASTION_TOPK": "8"}
 PROMPTS = [
@@ -76,11 +75,11 @@ def fixed_url(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def adaptive_url(tmp_path_factory):
-    """BASTION with the adaptive controller (N_max 32, the shipped profile)."""
+def adaptive_url(tmp_path_factory, tiny_pair_profile):
+    """BASTION with the adaptive controller (N_max 32, the tiny pair's profile)."""
     log = tmp_path_factory.mktemp("logs") / "adaptive.log"
     args = [*BACKEND, *bastion_args(PAIR / "drafter", 32)]
-    env = {**ENV, "SGLANG_BASTION_PROFILE": str(PROFILE)}
+    env = {**ENV, "SGLANG_BASTION_PROFILE": str(tiny_pair_profile)}
     with sglang_server(PAIR / "target", args, log, env=env, timeout_s=480) as url:
         yield url
 

@@ -9,10 +9,7 @@ prompts, greedy.
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,16 +17,13 @@ import pytest
 import requests
 import torch
 from server_utils import (
-    CPU_ARGS,
     SERVER_ENV,
     assert_all_same,
     bastion_args,
     run_all,
-    server_env,
     sglang_server,
 )
 
-from sglang_bastion.calibration.hardware import device_name
 from training.drafter import DFlashDrafter
 from training.target import features, load_target
 
@@ -181,18 +175,9 @@ def test_replaying_the_servers_trace_reproduces_its_acceptance(traced, served):
 
 
 @pytest.fixture(scope="module")
-def profile(tmp_path_factory) -> Path:
-    """The shipped tiny-pair profile if it was measured on this CPU kind, else a fresh one."""
-    measured_on = json.loads(SHIPPED_PROFILE.read_text())["hardware"]["device_name"]
-    if measured_on == device_name(torch.device("cpu")):
-        return SHIPPED_PROFILE
-    out = tmp_path_factory.mktemp("profile") / "profile.json"
-    command = [shutil.which("bastion-calibrate") or "bastion-calibrate", "--quick", "--no-progress",
-               "--model-path", str(PAIR / "target"), "--speculative-draft-model-path",
-               str(PAIR / "drafter"), "--output", str(out), *CPU_ARGS,
-               "--attention-backend", "bastion_cpu"]  # fmt: skip
-    subprocess.run(command, env=server_env(ENV), check=True, capture_output=True, timeout=600)
-    return out
+def profile(tiny_pair_profile: Path) -> Path:
+    """The tiny pair's latency profile for this host (see conftest)."""
+    return tiny_pair_profile
 
 
 @pytest.fixture(scope="module")
