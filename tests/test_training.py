@@ -1,4 +1,4 @@
-"""The shipped trained pair and its training command: formats, determinism, quality."""
+"""The shipped trained pairs and their training command: formats, determinism, quality."""
 
 from __future__ import annotations
 
@@ -16,33 +16,43 @@ from training.target import features, load_target
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIR = ROOT / "training" / "pair"
+PAIRS = [PAIR, ROOT / "training" / "pair-b16"]
+BLOCKS = {"pair": 8, "pair-b16": 16}
+each_pair = pytest.mark.parametrize("pair", PAIRS, ids=lambda p: p.name)
 
 
-def test_the_shipped_pair_is_in_the_formats_sglang_loads():
-    target = json.loads((PAIR / "target" / "config.json").read_text())
-    drafter = json.loads((PAIR / "drafter" / "config.json").read_text())
+@each_pair
+def test_the_shipped_pair_is_in_the_formats_sglang_loads(pair):
+    target = json.loads((pair / "target" / "config.json").read_text())
+    drafter = json.loads((pair / "drafter" / "config.json").read_text())
     assert target["architectures"] == ["Qwen3ForCausalLM"] and target["num_hidden_layers"] >= 4
-    assert drafter["architectures"] == ["DFlashDraftModel"] and drafter["block_size"] in (8, 16)
+    assert drafter["architectures"] == ["DFlashDraftModel"]
+    assert drafter["block_size"] == BLOCKS[pair.name]
     assert drafter["dflash_config"]["target_layer_ids"]
     assert drafter["hidden_size"] == target["hidden_size"]
-    assert (PAIR / "target" / "tokenizer.json").is_file()
+    assert (pair / "target" / "tokenizer.json").is_file()
+    recorded = json.loads((pair / "training.json").read_text())
+    assert recorded["recipe"]["block_size"] == drafter["block_size"]
 
 
-def test_the_shipped_pair_stays_small():
-    size = sum(f.stat().st_size for f in PAIR.rglob("*") if f.is_file())
+@each_pair
+def test_the_shipped_pair_stays_small(pair):
+    size = sum(f.stat().st_size for f in pair.rglob("*") if f.is_file())
     assert size < 30e6
 
 
-def test_the_drafter_module_loads_the_checkpoint_names_exactly():
-    names = set(load_file(PAIR / "drafter" / "model.safetensors"))
-    assert names == set(DFlashDrafter.load(PAIR / "drafter").state_dict())
+@each_pair
+def test_the_drafter_module_loads_the_checkpoint_names_exactly(pair):
+    names = set(load_file(pair / "drafter" / "model.safetensors"))
+    assert names == set(DFlashDrafter.load(pair / "drafter").state_dict())
 
 
-def test_the_drafter_predicts_the_targets_next_tokens_on_held_out_code():
+@each_pair
+def test_the_drafter_predicts_the_targets_next_tokens_on_held_out_code(pair):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(PAIR / "target")
-    target, drafter = load_target(PAIR / "target"), DFlashDrafter.load(PAIR / "drafter").eval()
+    tokenizer = AutoTokenizer.from_pretrained(pair / "target")
+    target, drafter = load_target(pair / "target"), DFlashDrafter.load(pair / "drafter").eval()
     text = "import os\n\n\ndef join_all(parts):\n    result = []\n    for part in parts:\n"
     ids = torch.tensor([tokenizer(text)["input_ids"]])
     with torch.no_grad():

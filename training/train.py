@@ -102,10 +102,10 @@ RECIPES = {
     "b16": Recipe(
         block_size=16,
         corpus_chars=40_000_000,
-        target_steps=500,
+        target_steps=200,
         target_lr=1e-3,
-        distill_sequences=1536,
-        drafter_steps=1000,
+        distill_sequences=1024,
+        drafter_steps=700,
         anchors=16,
         decay=7.0,
         sampled_share=0.5,
