@@ -55,16 +55,18 @@ def test_the_drafter_predicts_the_targets_next_tokens_on_held_out_code(pair):
     target, drafter = load_target(pair / "target"), DFlashDrafter.load(pair / "drafter").eval()
     text = "import os\n\n\ndef join_all(parts):\n    result = []\n    for part in parts:\n"
     ids = torch.tensor([tokenizer(text)["input_ids"]])
+    block = drafter.block_size
     with torch.no_grad():
-        seq = target.generate(input_ids=ids, max_new_tokens=24, do_sample=False, pad_token_id=0)
+        seq = target.generate(input_ids=ids, max_new_tokens=48, do_sample=False, pad_token_id=0)
         _, feats = features(target, seq, drafter.target_layer_ids)
-        anchor = torch.tensor([[ids.shape[1]]])
-        block = torch.full((1, 1, drafter.block_size), drafter.mask_token_id)
-        block[..., 0] = seq[0, ids.shape[1]]
-        hidden = drafter(drafter.context(feats), target.model.embed_tokens(block), anchor)
-        guess = target.lm_head(hidden[0, 0, 1:]).argmax(-1)
-    truth = seq[0, ids.shape[1] + 1 : ids.shape[1] + drafter.block_size]
-    assert int((guess == truth).sum()) >= 2  # a trained drafter, not a random one
+        anchors = ids.shape[1] + torch.arange(0, 32, 4).unsqueeze(0)  # [1, A]: 8 blocks
+        ids_in = torch.full((1, anchors.shape[1], block), drafter.mask_token_id)
+        ids_in[0, :, 0] = seq[0, anchors[0]]
+        hidden = drafter(drafter.context(feats), target.model.embed_tokens(ids_in), anchors)
+        guess = target.lm_head(hidden[0, :, 1:]).argmax(-1)  # [A, L-1]
+    truth = seq[0, anchors[0].unsqueeze(1) + torch.arange(1, block)]
+    # a trained drafter, not a random one (chance: 1 in 4096); the tiny pair's gets 75%
+    assert (guess == truth).float().mean() > 0.05
 
 
 @pytest.mark.slow
