@@ -28,7 +28,8 @@ def tiny_pair_profile(tmp_path_factory) -> Path:
     """The shipped tiny-pair profile if it was measured on this CPU kind, else a fresh one.
 
     A profile names the device it was measured on and the server refuses it elsewhere, so on
-    another CPU model the tests calibrate the trained pair on this host (the quick grid).
+    another CPU model the tests calibrate the trained pair on this host (the quick grid, with
+    a KV pool that holds every grid point: a skipped point leaves no grid residual).
     """
     import json
     import shutil
@@ -48,10 +49,22 @@ def tiny_pair_profile(tmp_path_factory) -> Path:
     if measured_on == device_name(torch.device("cpu")):
         return shipped
     out = tmp_path_factory.mktemp("profile") / "profile.json"
-    command = [shutil.which("bastion-calibrate") or "bastion-calibrate", "--quick", "--no-progress",
-               "--model-path", str(pair / "target"), "--speculative-draft-model-path",
-               str(pair / "drafter"), "--output", str(out), *CPU_ARGS,
-               "--attention-backend", "bastion_cpu"]  # fmt: skip
+    command = [
+        shutil.which("bastion-calibrate") or "bastion-calibrate",
+        "--quick",
+        "--no-progress",
+        "--model-path",
+        str(pair / "target"),
+        "--speculative-draft-model-path",
+        str(pair / "drafter"),
+        "--output",
+        str(out),
+        *CPU_ARGS,
+        "--attention-backend",
+        "bastion_cpu",
+        "--max-total-tokens",
+        "16384",  # room for every grid point
+    ]
     env = server_env({**SERVER_ENV, "SGLANG_BASTION_TOPK": "8"})
     subprocess.run(command, env=env, check=True, capture_output=True, timeout=900)
     return out
