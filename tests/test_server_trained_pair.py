@@ -220,7 +220,11 @@ def test_adaptive_greedy_outputs_equal_the_plain_server(plain_url, adaptive_url)
     assert state["controller"]["calibration"]["grid_residual"] is True
 
 
-def test_the_profiles_controller_verifies_smaller_trees_for_bigger_batches(profile_only_url):
+def test_the_profiles_controller_verifies_smaller_trees_for_bigger_batches(
+    profile_only_url, profile
+):
+    if profile != SHIPPED_PROFILE:
+        pytest.skip("the shipped profile's prices shrink the trees; a quick host grid may not")
     # With the measured overhead on, this depends on the host: on a busy 2-core CPU the time
     # between steps can grow with the batch faster than the verify cost, and then larger
     # trees are right. The profile's own prices must shrink the trees.
