@@ -13,10 +13,14 @@ concurrency 1 and 4, 32 tokens per request) takes under 3 minutes.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 import sweep
+import torch
+
+from sglang_bastion.budget.identity import device_name
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIR = ROOT / "training" / "pair"
@@ -29,12 +33,27 @@ OUTPUT_LEN, MIN_PROMPTS = 48, 4
 ADAPTIVE_MAX_NODES = 32
 
 
+def profile_problem(profile: Path) -> str | None:
+    """Why ``profile`` cannot price this CPU's trees, or None when it can."""
+    if not profile.exists():
+        return f"no latency profile at {profile}"
+    measured_on = json.loads(profile.read_text()).get("hardware", {}).get("device_name")
+    here = device_name(torch.device("cpu"))
+    if measured_on != here:
+        return f"{profile} was measured on {measured_on!r}, this host is {here!r}"
+    return None
+
+
 def sweep_argv(args: argparse.Namespace) -> list[str]:
     """The sweep command line this demo stands for."""
     preset = QUICK if args.quick else FULL
     methods = list(preset["methods"])
-    if not args.profile.exists():
-        print(f"note: no latency profile at {args.profile}; BASTION runs fixed N=16 only")
+    problem = profile_problem(args.profile)
+    if problem is not None:
+        print(
+            f"note: {problem}; BASTION runs fixed N=16 only "
+            "(bastion-calibrate writes a profile for this host: calibration/profiles/README.md)"
+        )
         methods = [m for m in methods if m != "bastion-adaptive"]
         if "bastion-16" not in methods:
             methods.append("bastion-16")
@@ -46,7 +65,7 @@ def sweep_argv(args: argparse.Namespace) -> list[str]:
         "--dataset", "humaneval",
         "--adaptive-max-nodes", str(ADAPTIVE_MAX_NODES),
     ]  # fmt: skip
-    if args.profile.exists():
+    if problem is None:
         argv += ["--profile", str(args.profile)]
     if args.quick:
         argv += ["--quick"]

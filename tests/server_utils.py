@@ -55,7 +55,7 @@ def sglang_server(
     args: Sequence[str],
     log_path: Path,
     env: dict[str, str] | None = None,
-    timeout_s: float = 240.0,
+    timeout_s: float = 480.0,
     launcher: Sequence[str] = LAUNCH_SERVER,
 ) -> Iterator[str]:
     """A running CPU test server's base URL; its process group is stopped on exit."""

@@ -32,9 +32,12 @@ def processes_with(marker: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_quick_demo_writes_every_cell_and_stops_every_server(pair, tmp_path: Path) -> None:
+def test_quick_demo_writes_every_cell_and_stops_every_server(
+    pair, tiny_pair_profile: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "demo"
     command = [sys.executable, "benchmarks/demo.py", "--quick", "--out", str(out)]
+    command += ["--profile", str(tiny_pair_profile)]
     if not (SHIPPED / "drafter" / "config.json").exists():  # until the trained pair ships
         target, drafter = pair
         command += ["--target", str(target), "--drafter", str(drafter)]
@@ -52,6 +55,7 @@ def test_quick_demo_writes_every_cell_and_stops_every_server(pair, tmp_path: Pat
 
     report = json.loads((out / "sweep.json").read_text())
     methods, levels = report["config"]["methods"], report["config"]["concurrency"]
+    assert "bastion-adaptive" in methods  # the host's profile prices the adaptive trees
     cells = {(c["method"], c["concurrency"]) for c in report["cells"]}
     assert cells == {(m, c) for m in methods for c in levels}
     assert all(c["completed"] > 0 and c["output_tok_s"] > 0 for c in report["cells"])

@@ -91,8 +91,9 @@ class Recipe:
 
     def quick(self) -> Recipe:
         """A few steps of everything, to check the pipeline (not a usable pair)."""
-        small = {"corpus_chars": 400_000, "target_steps": 6, "distill_sequences": 16}
-        return Recipe(**{**asdict(self), **small, "drafter_steps": 6, "target": self.target})
+        small = {"corpus_chars": 400_000, "seq_len": 128, "target_steps": 4, "target_batch": 4}
+        small |= {"distill_sequences": 8, "continuation": 32, "drafter_steps": 4, "anchors": 4}
+        return Recipe(**{**asdict(self), **small, "target": self.target})
 
 
 RECIPES = {
@@ -199,8 +200,9 @@ def distill_data(
     prompts = torch.stack([stream[s : s + recipe.prompt_len] for s in starts.tolist()])
     num_greedy = round(len(prompts) * (1 - recipe.sampled_share))
     seed = int(torch.randint(1 << 30, (1,), generator=gen)) if num_greedy < len(prompts) else 0
-    chunks = [(chunk, True) for chunk in prompts[:num_greedy].split(64)]
-    chunks += [(chunk, False) for chunk in prompts[num_greedy:].split(64)]
+    greedy_rows, sampled_rows = prompts[:num_greedy], prompts[num_greedy:]
+    chunks = [(chunk, True) for chunk in greedy_rows.split(64) if len(chunk)]
+    chunks += [(chunk, False) for chunk in sampled_rows.split(64) if len(chunk)]
     out = []
     for i, (chunk, is_greedy) in enumerate(tqdm(chunks, desc="distillation data", unit="batch")):
         with autocast(recipe):

@@ -277,7 +277,7 @@ def load_profile(
     if expect_device_name is not None and profile.device_name != expect_device_name:
         raise ProfileError(
             f"{path}: hardware.device_name: profile was measured on {profile.device_name!r}, "
-            f"this server runs on {expect_device_name!r}: run bastion-calibrate on this GPU"
+            f"this server runs on {expect_device_name!r}: run bastion-calibrate on this device"
         )
     return profile
 
