@@ -38,7 +38,7 @@ import torch
 from common import RESULTS, machine, markdown_table
 
 from sglang_bastion.budget import Hardware, LatencyModel, ModelShape, load_profile
-from sglang_bastion.controller import LiveBudget
+from sglang_bastion.controller import Controller
 from sglang_bastion.trace import read_trace
 from sglang_bastion.tree import TreeBatch, accept_path, build_trees
 
@@ -157,7 +157,7 @@ def accepted_lengths(trees: TreeBatch, vocab: torch.Tensor, truth: torch.Tensor)
     return accepted + 1
 
 
-def replay(step: Step, top_k: int, policy: LiveBudget) -> tuple[torch.Tensor, int, float | None]:
+def replay(step: Step, top_k: int, policy: Controller) -> tuple[torch.Tensor, int, float | None]:
     """(accept lengths [b], verify width, predicted cycle ms) of a policy on one step."""
     trees = build_trees(step.probs, step.roots, top_k=top_k, max_nodes=policy.max_nodes)
     decision = policy.decide(trees, step.context_lens)
@@ -213,10 +213,10 @@ def simulate(
     server's steps (what the EMA modes learn online), e.g. from another trace's report.
     """
     top_k, n_max = int(header["top_k"]), int(header["max_nodes"])
-    policies = {f"fixed N={n}": LiveBudget("fixed", n) for n in sizes if n <= n_max}
+    policies = {f"fixed N={n}": Controller("fixed", n) for n in sizes if n <= n_max}
     for mode in modes:
         for layout in ("uniform", "ragged"):
-            policies[f"{mode} {layout}"] = LiveBudget(mode, n_max, layout, model)
+            policies[f"{mode} {layout}"] = Controller(mode, n_max, layout, model)
     produced = header["controller"]
     check = {"policy": f"{produced['mode']} (N={produced['max_nodes']})", "steps": 0, "equal": 0}
     spent = _Spent()  # the producing policy's tokens and milliseconds
@@ -282,13 +282,13 @@ def simulate(
     return rows, check
 
 
-def producing_policy(produced: dict, model: LatencyModel) -> LiveBudget | None:
+def producing_policy(produced: dict, model: LatencyModel) -> Controller | None:
     """The trace's own policy, when its decisions can be replayed (fixed, or static)."""
     if produced["mode"] == "fixed":
-        return LiveBudget("fixed", int(produced["max_nodes"]))
+        return Controller("fixed", int(produced["max_nodes"]))
     if produced["mode"] == "static":  # exact when the replay uses the server's profile
         # (and each step's measured overhead, which the trace records and `simulate` sets)
-        return LiveBudget("static", int(produced["max_nodes"]), produced["layout"], model)
+        return Controller("static", int(produced["max_nodes"]), produced["layout"], model)
     return None  # ema modes depend on the observed times of every earlier step
 
 

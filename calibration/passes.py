@@ -153,7 +153,7 @@ class StepShapes:
         span is timed by ``VerifyClock``, the rest of the cycle is T_aux. The verified
         width is smaller than asked when every tree is (e.g. a top-1 lattice is a chain).
         """
-        self.worker.budget.max_nodes = width
+        self.worker.controller.max_nodes = width
         batch = self._fresh_spec_batch()
         device = self.runtime.device
         with VerifyClock(self.worker, device) as clock:

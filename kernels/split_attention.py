@@ -29,6 +29,7 @@ import triton.language as tl
 from sglang_bastion.kernels.dispatch import next_power_of_2, use_triton
 
 _TARGET_PROGRAMS = 264  # two per SM of an H100/H200
+_MERGE_CHUNK = 8  # parts the merge reads at a time
 _BLOCK_M = 64  # query rows per program (G x N stacked rows are cut into blocks of this)
 
 
@@ -171,8 +172,7 @@ def split_tree_attention_triton(
         num_warps=8 if block_m * head_dim >= 64 * 128 else 4,  # 4 would spill at 64 x 128
     )  # fmt: skip
     _merge_kernel[(batch * nodes * heads,)](
-        part_out, part_lse, tree_lens, out, parts, nodes, heads,
-        PP=next_power_of_2(parts), DV=v_dim,
+        part_out, part_lse, tree_lens, out, parts, nodes, heads, PC=_MERGE_CHUNK, DV=v_dim,
     )  # fmt: skip
     return out
 
@@ -292,23 +292,33 @@ def _online_step(scores, v, m, total, acc, PRECISION: tl.constexpr):
 @triton.jit(do_not_specialize=["parts"])  # follows the batch through the split count
 def _merge_kernel(
     part_out_ptr, part_lse_ptr, tree_lens_ptr, out_ptr, parts, nodes, heads,
-    PP: tl.constexpr, DV: tl.constexpr,
+    PC: tl.constexpr, DV: tl.constexpr,
 ):  # fmt: skip
-    """One (request, row, head): merge the parts' (out, lse) states; padding rows get 0."""
+    """One (request, row, head): merge the parts' (out, lse) states, PC parts at a time.
+
+    Padding rows get 0. The chunk PC is fixed, so no compiled size follows the batch.
+    """
     pid = tl.program_id(0)
     head = pid % heads
     i = (pid // heads) % nodes
     b = pid // (heads * nodes)
-    p = tl.arange(0, PP)
     dv = tl.arange(0, DV)
-    row = ((b * parts + p) * heads + head) * nodes + i  # [PP]
-    lse = tl.load(part_lse_ptr + row, mask=p < parts, other=float("-inf"))
-    m = tl.max(lse, axis=0)
-    base = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse - base)  # [PP]: 0 for empty parts
-    out_rows = part_out_ptr + row.to(tl.int64)[:, None] * DV  # [PP, 1]
-    outs = tl.load(out_rows + dv[None, :], mask=(p < parts)[:, None], other=0.0)  # [PP, DV]
-    total = tl.sum(w, axis=0)
-    merged = tl.sum(outs * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    m = tl.full([], float("-inf"), tl.float32)  # running max of the parts' lse
+    total = tl.zeros([], tl.float32)  # sum of exp(lse - m)
+    acc = tl.zeros([DV], tl.float32)  # sum of out * exp(lse - m)
+    for start in range(0, parts, PC):
+        p = start + tl.arange(0, PC)
+        row = ((b * parts + p) * heads + head) * nodes + i  # [PC]
+        lse = tl.load(part_lse_ptr + row, mask=p < parts, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(lse, axis=0))
+        base = tl.where(m_new == float("-inf"), 0.0, m_new)
+        rescale = tl.exp(m - base)  # 0 while nothing was seen
+        w = tl.exp(lse - base)  # [PC]: 0 for empty parts
+        out_rows = part_out_ptr + row.to(tl.int64)[:, None] * DV  # [PC, 1]
+        outs = tl.load(out_rows + dv[None, :], mask=(p < parts)[:, None], other=0.0)  # [PC, DV]
+        acc = acc * rescale + tl.sum(outs * w[:, None], axis=0)
+        total = total * rescale + tl.sum(w, axis=0)
+        m = m_new
+    merged = acc / tl.where(total > 0, total, 1.0)
     merged = tl.where(i < tl.load(tree_lens_ptr + b), merged, 0.0)
     tl.store(out_ptr + pid.to(tl.int64) * DV + dv, merged)

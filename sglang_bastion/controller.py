@@ -10,9 +10,9 @@ They are vectorised over the batch, never synchronise with the host and return t
   take), maximising the batch goodput sum_r A_hat_r(W) / C(W) over the allowed widths.
 - `fixed_sizes`: a fixed budget N, for ablations.
 
-The controller as the server runs it is a `LiveBudget` (``self.budget`` in the worker, built
-at start-up by `LiveBudget.for_worker`, which loads and checks the profile): one decision per
-step, and what it learned. Each step the worker hands over the batch's trees and context
+The controller as the server runs it is a `Controller` (``self.controller`` in the worker,
+built at start-up by `Controller.for_worker`, which loads and checks the profile): one decision
+per step, and what it learned. Each step the worker hands over the batch's trees and context
 lengths and gets back the nodes every request verifies and the verify width W (the padded
 tokens per request of the one target pass). Modes:
 
@@ -122,7 +122,7 @@ class Decision:
 
 
 @dataclass
-class LiveBudget:
+class Controller:
     """The controller's per-server state: mode, latency model and the EMA correction."""
 
     mode: str  # "fixed", "static", "ema" or "ema_calib"
@@ -147,7 +147,7 @@ class LiveBudget:
             raise ValueError(f"widths must lie in [1, {self.max_nodes}], got {self.widths}")
 
     @classmethod
-    def for_worker(cls, worker: Any, options: BastionOptions, max_nodes: int) -> LiveBudget:
+    def for_worker(cls, worker: Any, options: BastionOptions, max_nodes: int) -> Controller:
         """The controller of a starting BASTION worker (loads and checks its profile)."""
         mode = options.resolved_mode
         if mode == "fixed" or not options.profile:

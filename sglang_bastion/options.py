@@ -1,10 +1,17 @@
 """BASTION's own serving knobs (SGLang's CLI cannot be extended by a plugin, so they are
-environment variables, read once when the server starts)."""
+environment variables).
+
+The launcher reads them once (``BastionOptions.from_env``, in the server-argument check),
+resolves the tree budget N and publishes the result as one JSON snapshot that the spawned
+scheduler processes inherit; the worker reads that snapshot (``published_options``) and never
+the user's variables.
+"""
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 ENV_TOP_K = "SGLANG_BASTION_TOPK"
 ENV_MAX_NODES = "SGLANG_BASTION_DEFAULT_MAX_NODES"
@@ -17,8 +24,8 @@ ENV_MEASURE_OVERHEAD = "SGLANG_BASTION_MEASURE_OVERHEAD"
 ENV_TRACE = "SGLANG_BASTION_TRACE"
 ENV_TRACE_STEPS = "SGLANG_BASTION_TRACE_STEPS"
 ENV_DISABLE_KERNELS = "SGLANG_BASTION_DISABLE_KERNELS"
-# Set by the launcher once it has resolved N (--speculative-num-draft-tokens), for the worker.
-ENV_RESOLVED_MAX_NODES = "_SGLANG_BASTION_RESOLVED_MAX_NODES"
+# The launcher's resolved options (JSON), inherited by the scheduler processes it spawns.
+ENV_PUBLISHED = "_SGLANG_BASTION_OPTIONS"
 
 MODES = ("fixed", "static", "ema", "ema_calib")  # fixed N, then the latency model's modes
 LAYOUTS = ("uniform", "ragged")
@@ -52,7 +59,6 @@ class BastionOptions:
         return cls(
             top_k=_int_env(ENV_TOP_K, cls.top_k),
             default_max_nodes=_int_env(ENV_MAX_NODES, cls.default_max_nodes),
-            max_nodes=_int_env(ENV_RESOLVED_MAX_NODES, 0) or None,
             profile=os.environ.get(ENV_PROFILE) or None,
             mode=(os.environ.get(ENV_MODE) or "").strip().lower() or None,
             layout=(os.environ.get(ENV_LAYOUT) or cls.layout).strip().lower(),
@@ -63,6 +69,16 @@ class BastionOptions:
             trace_steps=_int_env(ENV_TRACE_STEPS, cls.trace_steps),
             kernels=not _bool_env(ENV_DISABLE_KERNELS, False),
         )
+
+    def to_json(self) -> str:
+        """The options as one JSON object (the published snapshot)."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> BastionOptions:
+        """Options from ``to_json``'s output."""
+        fields = json.loads(text)
+        return cls(**{**fields, "widths": tuple(fields["widths"])})
 
     def validate(self, max_nodes: int | None = None) -> None:
         """Raise ValueError naming the variable when a knob is out of range.
@@ -145,3 +161,20 @@ def _float_env(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} must be a number") from None
+
+
+def publish_options(options: BastionOptions) -> None:
+    """Make ``options`` the snapshot this process's children (the schedulers) serve with."""
+    os.environ[ENV_PUBLISHED] = options.to_json()
+
+
+def published_options() -> BastionOptions:
+    """The options the launcher resolved and published for this server."""
+    raw = os.environ.get(ENV_PUBLISHED)
+    if not raw:
+        raise RuntimeError(
+            "the BASTION worker found no resolved options: start it through SGLang's launcher "
+            "(python -m sglang.launch_server --speculative-algorithm BASTION ...) or "
+            "bastion-calibrate, which check the server arguments first"
+        )
+    return BastionOptions.from_json(raw)

@@ -9,13 +9,18 @@ worker cannot serve with one line naming the problem and the fix.
 from __future__ import annotations
 
 import json
-import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from sglang_bastion.options import ENV_PROFILE, ENV_RESOLVED_MAX_NODES, BastionOptions
+from sglang_bastion.options import (
+    ENV_PROFILE,
+    BastionOptions,
+    publish_options,
+    published_options,
+)
 
 TREE_VERIFY_BACKENDS = ("flashinfer", "triton", "bastion_cpu")
 
@@ -84,17 +89,15 @@ class BastionSpecAlgo(CustomSpecAlgo):
 
     def handle_server_args(self, server_args: Any) -> None:
         """Settle the arguments SGLang's DFLASH handler would settle, for BASTION's worker."""
-        options = BastionOptions.from_env()
+        nodes = published_options().max_nodes  # resolved by validate_server_args, run first
         block = drafter_block_size(server_args.speculative_draft_model_path)
-        nodes = server_args.speculative_num_draft_tokens or options.default_max_nodes
         server_args.disable_overlap_schedule = True
         server_args.speculative_num_steps = 1
         server_args.speculative_eagle_topk = 1
         # SGLang reserves speculative_num_draft_tokens KV slots per request and step: the
-        # window must hold both the tree (N) and the drafter's block (B).
+        # window must hold both the tree (N) and the drafter's block (D+1).
         server_args.speculative_num_draft_tokens = max(int(nodes), block)
         server_args.page_size = 1
-        os.environ[ENV_RESOLVED_MAX_NODES] = str(int(nodes))  # read by the spawned worker
 
 
 def drafter_block_size(path: str | None) -> int:
@@ -157,6 +160,8 @@ def validate_server_args(server_args: Any) -> None:
         )
     if options.profile and options.resolved_mode != "fixed":
         check_profile_matches_server(options.profile, server_args)
+    nodes = server_args.speculative_num_draft_tokens or options.default_max_nodes
+    publish_options(replace(options, max_nodes=int(nodes)))
 
 
 def check_profile_matches_server(path: str, server_args: Any) -> None:

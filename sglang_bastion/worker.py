@@ -7,7 +7,7 @@ and prefill it keeps, and replaces the decode step:
    whole batch; the target's LM head turns the block's hidden states into marginals
    q_1..q_D (``draft_head_topk``: their top-K).
 2. Tree: ``build_trees_from_top_k`` picks each request's best-first tree from its top-K
-   marginals, the controller (``self.budget``) decides its size, and ``verify_inputs`` lays
+   marginals, the controller (``self.controller``) decides its size, and ``verify_inputs`` lays
    the trees out as SGLang verify inputs.
 3. Verify: one target forward over every tree with the tree attention mask.
 4. Accept: the target's own token at every node (argmax, or a sample from the request's
@@ -28,6 +28,7 @@ max_tokens and releases the rest when the request finishes.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable
@@ -61,7 +62,7 @@ from sglang.srt.speculative.draft_worker_common import (
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
-from sglang_bastion.controller import Decision, LiveBudget
+from sglang_bastion.controller import Controller, Decision
 from sglang_bastion.kernels import draft_head_topk, merge_shard_top_k, shard_top_k
 from sglang_bastion.node_sampling import (
     commit_emitted,
@@ -69,7 +70,7 @@ from sglang_bastion.node_sampling import (
     penalizers_of,
     state_from_penalizers,
 )
-from sglang_bastion.options import BastionOptions
+from sglang_bastion.options import published_options
 from sglang_bastion.spec_algo import drafter_block_size
 from sglang_bastion.stats import BastionStats
 from sglang_bastion.trace import TraceWriter
@@ -128,14 +129,14 @@ class BastionWorker(DFlashWorkerV2):
         self.verify_listener: Callable[[int, float], None] | None = None
         if torch.device(self.device).type == "cpu":
             use_torch_qk_norm_rope(self.draft_model)
-        self.options = BastionOptions.from_env()
+        self.options = published_options()
         self.max_nodes = min(self.options.max_nodes or self.window, self.window)
         self.top_k = self.options.top_k
-        self.budget = LiveBudget.for_worker(self, self.options, self.max_nodes)
+        self.controller = Controller.for_worker(self, self.options, self.max_nodes)
         self.stats = BastionStats()
         # (start, decision, batch size) of the last decode step, while no prefill has run since
         self._period: tuple[float, Decision, int] | None = None
-        self.profile_info = self.budget.summary(self.options.profile)
+        self.profile_info = self.controller.summary(self.options.profile)
         self.trace = None
         if self.options.trace and get_parallel().tp_rank == 0:  # ranks step in lockstep
             header = {"top_k": self.top_k, "max_nodes": self.max_nodes,
@@ -149,8 +150,8 @@ class BastionWorker(DFlashWorkerV2):
 
     def bastion_state(self) -> dict[str, Any]:
         """The controller's identity and running averages (SGLang's /server_info)."""
-        overhead = {str(b): round(ms, 3) for b, ms in sorted(self.budget.overhead_ms.items())}
-        gamma = {str(b): round(g, 4) for b, g in sorted(self.budget.gamma.items())}
+        overhead = {str(b): round(ms, 3) for b, ms in sorted(self.controller.overhead_ms.items())}
+        gamma = {str(b): round(g, 4) for b, g in sorted(self.controller.gamma.items())}
         controller = {**self.profile_info, "gamma": gamma, "overhead_ms": overhead}
         return {"controller": controller, "top_k": self.top_k, **self.stats.as_dict()}
 
@@ -201,14 +202,14 @@ class BastionWorker(DFlashWorkerV2):
         )  # fmt: skip
         if self._period is not None:  # the previous decode step's full period ends here
             last_start, last_decision, last_bs = self._period
-            self.budget.observe_period(last_decision, last_bs, (started - last_start) * 1e3)
-        decision = self.budget.decide(trees, prefix_cpu)  # host copy of the contexts: no sync
+            self.controller.observe_period(last_decision, last_bs, (started - last_start) * 1e3)
+        decision = self.controller.decide(trees, prefix_cpu)  # host copy of the contexts: no sync
         self._period = (started, decision, bs)
         trees = trees.truncate(decision.sizes).narrow(decision.width)
         width = decision.width
-        debug = logger.isEnabledFor(logging.DEBUG)
         listener = self.verify_listener
-        timed = self.budget.needs_timing or self.trace is not None or debug or listener is not None
+        watched = self.trace is not None or listener is not None
+        timed = self.controller.needs_timing or watched or logger.isEnabledFor(logging.DEBUG)
         verify_start = self._now(timed)
         verified = self._verify_trees(batch, trees, step, width)
         verify_ms = (self._now(timed) - verify_start) * 1e3 if timed else None
@@ -259,14 +260,14 @@ class BastionWorker(DFlashWorkerV2):
         if verify_ms is None:
             return
         self.stats.add_timing(decision.predicted_verify_ms, verify_ms)
-        self.budget.observe(decision, verify_ms)
+        self.controller.observe(decision, verify_ms)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "BASTION step: batch %d, width %d, sizes %s, verify predicted %s ms, observed "
                 "%.2f ms, gamma %.3f, step overhead priced %.2f ms",
                 len(decision.sizes), decision.width, decision.sizes.tolist(),
                 _ms(decision.predicted_verify_ms), verify_ms,
-                self.budget.gamma_at(len(decision.sizes)),
+                self.controller.gamma_at(len(decision.sizes)),
                 decision.overhead_ms,
             )  # fmt: skip
 
@@ -355,8 +356,8 @@ class BastionWorker(DFlashWorkerV2):
         lm_head = unwrap_lora_layer(target_model.lm_head)
         vocab = int(self.model_runner.model_config.vocab_size)
         top_k = min(self.top_k, vocab)
-        rows = hidden.reshape(-1, hidden.shape[-1])  # [bs*(B-1), H]
-        top_q, top_ids = self._draft_head(rows, lm_head, vocab, top_k)  # [bs*(B-1), K] each
+        rows = hidden.reshape(-1, hidden.shape[-1])  # [B*D, H]
+        top_q, top_ids = self._draft_head(rows, lm_head, vocab, top_k)  # [B*D, K] each
         return top_q.view(bs, block - 1, top_k), top_ids.view(bs, block - 1, top_k)
 
     def _draft_head(
@@ -445,11 +446,15 @@ class BastionWorker(DFlashWorkerV2):
             capture_hidden_mode=CaptureHiddenMode.FULL,
             kv_loc_plan=self._plan(batch, batch.seq_lens, prefix_cpu, out_cache_loc, width),
         )
-        batch.out_cache_loc = out_cache_loc
-        batch.seq_lens_cpu = prefix_cpu + width  # host bound of the verify pass
-        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        # SGLang builds the verify pass from a ScheduleBatch and writes its fields (the KV
+        # slots, host lengths, input ids, mode): a shallow copy takes them, the scheduler's
+        # batch is left as it came.
+        view = copy.copy(batch)
+        view.out_cache_loc = out_cache_loc
+        view.seq_lens_cpu = prefix_cpu + width  # host bound of the verify pass
+        view.seq_lens_sum = int(view.seq_lens_cpu.sum())
         forward_batch, _ = verify_input.prepare_for_verify(
-            batch, self.target_worker, defer_metadata_init=True
+            view, self.target_worker, defer_metadata_init=True
         )
         forward_batch.can_run_decode_cuda_graph = False  # graphs are captured without a mask
         self.target_worker.model_runner.attn_backend.init_forward_metadata(forward_batch)

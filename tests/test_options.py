@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import SimpleNamespace
+
 import pytest
 
 from sglang_bastion.controller import measures_overhead, unmeasured_widths
-from sglang_bastion.options import BastionOptions
+from sglang_bastion.options import (
+    ENV_PUBLISHED,
+    BastionOptions,
+    publish_options,
+    published_options,
+)
+from sglang_bastion.spec_algo import validate_server_args
 
 
 def options(monkeypatch, **env: str) -> BastionOptions:
@@ -81,3 +90,33 @@ def test_the_step_overhead_is_never_measured_under_tensor_parallelism(monkeypatc
 def test_widths_beyond_the_profiles_largest_measured_width_are_named():
     assert unmeasured_widths((1, 2, 4, 8, 12, 16, 24, 32, 48, 64), 32) == [48, 64]
     assert unmeasured_widths((1, 2, 4, 8, 16), 32) == []
+
+
+def test_the_published_snapshot_carries_every_option(monkeypatch):
+    read = options(monkeypatch, TOPK="4", WIDTHS="2,8", PROFILE="/p.json", EMA_ALPHA="0.5")
+    read = replace(read, max_nodes=12)
+    monkeypatch.setenv(ENV_PUBLISHED, "")
+    publish_options(read)
+    assert published_options() == read
+
+
+def test_the_server_check_publishes_the_tree_budget_it_resolved(monkeypatch, pair):
+    target, drafter = pair
+    monkeypatch.setenv(ENV_PUBLISHED, "")
+    for flag, resolved in ((12, 12), (None, BastionOptions.default_max_nodes)):
+        options(monkeypatch)
+        validate_server_args(server_args(target, drafter, speculative_num_draft_tokens=flag))
+        assert published_options().max_nodes == resolved
+
+
+def test_a_worker_started_without_the_launcher_is_told_how_to_start_it(monkeypatch):
+    monkeypatch.delenv(ENV_PUBLISHED, raising=False)
+    with pytest.raises(RuntimeError, match=r"sglang\.launch_server --speculative-algorithm"):
+        published_options()
+
+
+def server_args(target, drafter, **fields) -> SimpleNamespace:
+    """The server arguments validate_server_args reads, for ``target`` and ``drafter``."""
+    defaults = {"model_path": str(target), "speculative_draft_model_path": str(drafter),
+                "attention_backend": "bastion_cpu", "page_size": None, "tp_size": 1}  # fmt: skip
+    return SimpleNamespace(**{**defaults, **fields})

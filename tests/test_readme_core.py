@@ -22,7 +22,7 @@ def test_the_readme_core_runs_one_consistent_step(monkeypatch):
     exec(compile(core_block(), "README.md", "exec"), scope)
     trees, decision, accepted = scope["trees"], scope["decision"], scope["accepted"]
     trees.check()
-    assert decision.width in scope["budget"].widths
+    assert decision.width in scope["controller"].widths
     assert trees.max_nodes == decision.width
     assert scope["verify"].input_ids.shape == (scope["B"] * decision.width,)
     assert bool((accepted.num_accepted < decision.width).all())

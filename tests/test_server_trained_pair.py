@@ -170,7 +170,7 @@ def test_replaying_the_servers_trace_reproduces_its_acceptance(traced, served):
     header, steps = simulate.load_steps([traced[1]])
     assert steps and header["max_nodes"] == 16
     for step in steps:
-        accept, _, _ = simulate.replay(step, int(header["top_k"]), simulate.LiveBudget("fixed", 16))
+        accept, _, _ = simulate.replay(step, int(header["top_k"]), simulate.Controller("fixed", 16))
         assert torch.equal(accept, step.recorded_accept)
 
 

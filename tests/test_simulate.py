@@ -74,7 +74,7 @@ def test_the_trace_reads_back_what_was_written(tmp_path):
 def test_replaying_the_recording_policy_reproduces_every_steps_acceptance(tmp_path, nodes):
     write_fake_trace(tmp_path / "t.jsonl", requests=3, nodes=nodes, seed=nodes)
     _, steps = simulate.load_steps([tmp_path / "t.jsonl"])
-    recorder = simulate.LiveBudget("fixed", nodes)
+    recorder = simulate.Controller("fixed", nodes)
     for step in steps:
         accept, _, _ = simulate.replay(step, TOP_K, recorder)
         assert torch.equal(accept, step.recorded_accept)
@@ -84,8 +84,8 @@ def test_bigger_trees_accept_at_least_as_much_as_smaller_ones(tmp_path):
     write_fake_trace(tmp_path / "t.jsonl", requests=3, nodes=32, seed=3)
     _, steps = simulate.load_steps([tmp_path / "t.jsonl"])
     for step in steps:
-        small, _, _ = simulate.replay(step, TOP_K, simulate.LiveBudget("fixed", 4))
-        big, _, _ = simulate.replay(step, TOP_K, simulate.LiveBudget("fixed", 32))
+        small, _, _ = simulate.replay(step, TOP_K, simulate.Controller("fixed", 4))
+        big, _, _ = simulate.replay(step, TOP_K, simulate.Controller("fixed", 32))
         assert bool((big >= small).all())
 
 

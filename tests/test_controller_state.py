@@ -7,7 +7,7 @@ import torch
 from helpers import random_marginals
 
 from sglang_bastion.budget import Calibration, Hardware, LatencyModel, ModelShape
-from sglang_bastion.controller import LiveBudget, width_ladder
+from sglang_bastion.controller import Controller, width_ladder
 from sglang_bastion.tree import build_trees
 
 SHAPE = ModelShape.from_hf_config(
@@ -36,44 +36,44 @@ def trees(batch: int, nodes: int = 64, seed: int = 0):
 
 
 def test_fixed_mode_verifies_n_nodes_per_request():
-    decision = LiveBudget("fixed", 16).decide(trees(4), torch.full((4,), 100))
+    decision = Controller("fixed", 16).decide(trees(4), torch.full((4,), 100))
     assert decision.sizes.tolist() == [16] * 4 and decision.width == 16
     assert decision.predicted_cycle_ms is None
 
 
 def test_adaptive_modes_need_a_latency_model():
     with pytest.raises(ValueError, match="needs a latency model"):
-        LiveBudget("static", 16)
+        Controller("static", 16)
 
 
 @pytest.mark.parametrize("layout", ["uniform", "ragged"])
 def test_adaptive_width_shrinks_as_the_batch_grows(layout):
-    budget = LiveBudget("static", 64, layout, model())
+    budget = Controller("static", 64, layout, model())
     widths = [budget.decide(trees(b), torch.full((b,), 512)).width for b in (1, 16, 64, 256)]
     assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]
 
 
 def test_uniform_layout_gives_every_request_the_width():
-    decision = LiveBudget("static", 64, "uniform", model()).decide(trees(8), torch.full((8,), 64))
+    decision = Controller("static", 64, "uniform", model()).decide(trees(8), torch.full((8,), 64))
     assert decision.sizes.tolist() == [decision.width] * 8
 
 
 def test_ragged_width_is_the_smallest_ladder_width_holding_every_request():
-    decision = LiveBudget("static", 64, "ragged", model()).decide(trees(8), torch.full((8,), 64))
+    decision = Controller("static", 64, "ragged", model()).decide(trees(8), torch.full((8,), 64))
     largest = int(decision.sizes.max())
     assert decision.width == min(w for w in width_ladder(64) if w >= largest)
 
 
 def test_prediction_is_the_latency_model_at_the_chosen_width():
     lm = model()
-    decision = LiveBudget("static", 64, "uniform", lm).decide(trees(4), torch.full((4,), 320))
+    decision = Controller("static", 64, "uniform", lm).decide(trees(4), torch.full((4,), 320))
     expected = float(lm.cycle_ms(4, decision.width, 320.0))
     assert decision.predicted_cycle_ms == pytest.approx(expected)
     assert decision.predicted_verify_ms == pytest.approx(expected - lm.aux_ms(4))
 
 
 def test_ema_gamma_tracks_observed_over_predicted_verify_time():
-    budget = LiveBudget("ema", 64, "uniform", model(), ema_alpha=0.5)
+    budget = Controller("ema", 64, "uniform", model(), ema_alpha=0.5)
     batch = trees(2)
     for _ in range(30):  # the hardware is twice as slow as the roofline says
         decision = budget.decide(batch, torch.full((2,), 128))
@@ -82,7 +82,7 @@ def test_ema_gamma_tracks_observed_over_predicted_verify_time():
 
 
 def test_ema_gamma_is_kept_per_batch_size():
-    budget = LiveBudget("ema_calib", 64, "uniform", model(), ema_alpha=1.0)
+    budget = Controller("ema_calib", 64, "uniform", model(), ema_alpha=1.0)
     for batch, slowdown in ((1, 1.0), (4, 1.5)):
         decision = budget.decide(trees(batch), torch.full((batch,), 128))
         budget.observe(decision, slowdown * decision.predicted_verify_ms)
@@ -90,14 +90,14 @@ def test_ema_gamma_is_kept_per_batch_size():
 
 
 def test_an_unobserved_batch_size_takes_the_nearest_gamma():
-    budget = LiveBudget("ema_calib", 64, "uniform", model(), gamma={1: 1.1, 8: 1.4})
+    budget = Controller("ema_calib", 64, "uniform", model(), gamma={1: 1.1, 8: 1.4})
     assert (budget.gamma_at(3), budget.gamma_at(6), budget.gamma_at(32)) == (1.1, 1.4, 1.4)
-    assert LiveBudget("ema", 64, "uniform", model()).gamma_at(4) == 1.0
+    assert Controller("ema", 64, "uniform", model()).gamma_at(4) == 1.0
 
 
 def test_ema_calib_prices_a_batch_size_by_its_own_gamma():
-    budget = LiveBudget("ema_calib", 64, "uniform", model(), gamma={1: 1.0, 4: 2.0})
-    static = LiveBudget("static", 64, "uniform", model())
+    budget = Controller("ema_calib", 64, "uniform", model(), gamma={1: 1.0, 4: 2.0})
+    static = Controller("static", 64, "uniform", model())
     for batch, gamma in ((1, 1.0), (4, 2.0)):
         aux = budget.model.aux_ms(batch)
         verify = budget.cost_vector_ms(batch, 128) - aux
@@ -105,14 +105,14 @@ def test_ema_calib_prices_a_batch_size_by_its_own_gamma():
 
 
 def test_static_mode_ignores_observed_times():
-    budget = LiveBudget("static", 64, "uniform", model())
+    budget = Controller("static", 64, "uniform", model())
     decision = budget.decide(trees(2), torch.full((2,), 128))
     budget.observe(decision, 100.0)
     assert budget.gamma == {} and budget.observed_steps == 1
 
 
 def test_a_slower_observed_verify_makes_ema_choose_smaller_trees():
-    budget = LiveBudget("ema", 64, "uniform", model(t_aux_ms=20.0), ema_alpha=1.0)
+    budget = Controller("ema", 64, "uniform", model(t_aux_ms=20.0), ema_alpha=1.0)
     batch, contexts = trees(64), torch.full((64,), 256)  # compute-bound: W matters
     before = budget.decide(batch, contexts)
     budget.observe(before, 20 * before.predicted_verify_ms)
@@ -120,7 +120,7 @@ def test_a_slower_observed_verify_makes_ema_choose_smaller_trees():
 
 
 def test_prices_are_those_of_the_nearest_context_bucket():
-    budget = LiveBudget("static", 64, "uniform", model())
+    budget = Controller("static", 64, "uniform", model())
     assert torch.equal(budget.cost_vector_ms(4, 1001.0), budget.cost_vector_ms(4, 1007.0))
     assert not torch.equal(budget.cost_vector_ms(4, 1000.0), budget.cost_vector_ms(4, 1100.0))
     expected = model().cycle_ms(4, torch.arange(1, 65, dtype=torch.float64), 1008.0)
@@ -134,7 +134,7 @@ def test_the_width_ladder_is_short_and_ends_at_n():
 
 @pytest.mark.parametrize("layout", ["uniform", "ragged"])
 def test_adaptive_widths_come_from_the_ladder(layout):
-    budget = LiveBudget("static", 64, layout, model())
+    budget = Controller("static", 64, layout, model())
     for batch in (1, 3, 16, 64, 200):
         decision = budget.decide(trees(batch), torch.full((batch,), 700))
         assert decision.width in width_ladder(64)
@@ -143,11 +143,11 @@ def test_adaptive_widths_come_from_the_ladder(layout):
 
 def test_widths_outside_the_tree_budget_are_refused():
     with pytest.raises(ValueError, match="widths must lie in"):
-        LiveBudget("static", 16, model=model(), widths=(4, 32))
+        Controller("static", 16, model=model(), widths=(4, 32))
 
 
 def test_a_measured_period_becomes_the_batch_sizes_overhead_then_an_ema():
-    budget = LiveBudget("static", 64, "uniform", model(), ema_alpha=0.5, measure_overhead=True)
+    budget = Controller("static", 64, "uniform", model(), ema_alpha=0.5, measure_overhead=True)
     decision = budget.decide(trees(4), torch.full((4,), 128))
     cycle = decision.predicted_cycle_ms
     budget.observe_period(decision, 4, cycle + 6.0)
@@ -157,7 +157,7 @@ def test_a_measured_period_becomes_the_batch_sizes_overhead_then_an_ema():
 
 
 def test_the_overhead_is_added_to_the_priced_cycle():
-    budget = LiveBudget("static", 64, "uniform", model(), measure_overhead=True)
+    budget = Controller("static", 64, "uniform", model(), measure_overhead=True)
     bare = budget.decide(trees(4), torch.full((4,), 128))
     budget.overhead_ms[4] = 7.0
     priced = budget.decide(trees(4), torch.full((4,), 128))
@@ -170,7 +170,7 @@ def test_the_overhead_is_added_to_the_priced_cycle():
 
 
 def test_a_larger_step_overhead_makes_the_controller_choose_larger_trees():
-    budget = LiveBudget("static", 64, "uniform", model(), measure_overhead=True)
+    budget = Controller("static", 64, "uniform", model(), measure_overhead=True)
     widths = []
     for overhead in (0.0, 20.0, 200.0):
         budget.overhead_ms[16] = overhead
@@ -179,14 +179,14 @@ def test_a_larger_step_overhead_makes_the_controller_choose_larger_trees():
 
 
 def test_the_overhead_is_not_measured_unless_asked():
-    budget = LiveBudget("static", 64, "uniform", model())
+    budget = Controller("static", 64, "uniform", model())
     decision = budget.decide(trees(4), torch.full((4,), 128))
     budget.observe_period(decision, 4, decision.predicted_cycle_ms + 6.0)
     assert budget.overhead_ms == {}
 
 
 def test_a_stalled_period_is_not_taken_as_overhead_once_the_batch_size_has_one():
-    budget = LiveBudget("static", 64, "uniform", model(), measure_overhead=True)
+    budget = Controller("static", 64, "uniform", model(), measure_overhead=True)
     decision = budget.decide(trees(4), torch.full((4,), 128))
     budget.observe_period(decision, 4, decision.predicted_cycle_ms + 5.0)
     priced = budget.decide(trees(4), torch.full((4,), 128))
@@ -196,14 +196,14 @@ def test_a_stalled_period_is_not_taken_as_overhead_once_the_batch_size_has_one()
 
 def test_the_first_period_of_a_batch_size_is_taken_even_when_far_above_the_model():
     # A server whose steps take many times the profile's cycle still learns its overhead.
-    budget = LiveBudget("static", 64, "uniform", model(), measure_overhead=True)
+    budget = Controller("static", 64, "uniform", model(), measure_overhead=True)
     decision = budget.decide(trees(4), torch.full((4,), 128))
     budget.observe_period(decision, 4, 10 * decision.predicted_cycle_ms)
     assert budget.overhead_ms[4] == pytest.approx(9 * decision.predicted_cycle_ms)
 
 
 def test_an_unseen_batch_size_borrows_the_nearest_measured_overhead():
-    budget = LiveBudget("static", 64, "uniform", model(), measure_overhead=True)
+    budget = Controller("static", 64, "uniform", model(), measure_overhead=True)
     budget.overhead_ms.update({2: 1.0, 8: 5.0})
     assert [budget.step_overhead_ms(b) for b in (1, 2, 4, 6, 64)] == [1.0, 1.0, 1.0, 5.0, 5.0]
-    assert LiveBudget("static", 64, "uniform", model()).step_overhead_ms(4) == 0.0
+    assert Controller("static", 64, "uniform", model()).step_overhead_ms(4) == 0.0
