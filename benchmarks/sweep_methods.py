@@ -19,7 +19,8 @@ CPU_ENV = {"TRITON_INTERPRET": "1", "SGLANG_BASTION_TOPK": "4", "OMP_NUM_THREADS
 CPU_ARGS = [
     "--device", "cpu",
     "--dtype", "bfloat16",
-    "--disable-cuda-graph",
+    "--cuda-graph-backend-decode", "disabled",
+    "--cuda-graph-backend-prefill", "disabled",
     "--attention-backend", "bastion_cpu",
     "--mem-fraction-static", "0.1",
     "--max-total-tokens", "8192",

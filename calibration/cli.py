@@ -109,7 +109,9 @@ def server_argv(argv: Sequence[str], grid: Grid) -> list[str]:
         window = max(tokens, drafter_block_size(drafter) if drafter else 16)
         kv_tokens = max(grid.batch_sizes) * (max(grid.context_lens) + window) + 1024
         default("--attention-backend", "bastion_cpu")
-        default("--disable-cuda-graph")
+        if "--disable-cuda-graph" not in argv:  # SGLang's deprecated spelling of the two
+            default("--cuda-graph-backend-decode", "disabled")
+            default("--cuda-graph-backend-prefill", "disabled")
         default("--mem-fraction-static", "0.1")
         default("--max-total-tokens", str(kv_tokens))
         default("--max-running-requests", str(max(grid.batch_sizes)))

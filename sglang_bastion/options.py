@@ -38,6 +38,7 @@ class BastionOptions:
     top_k: int = 8  # K: candidate tokens per draft position
     default_max_nodes: int = 16  # N when --speculative-num-draft-tokens is not given
     max_nodes: int | None = None  # N as the launcher resolved it
+    block_size: int | None = None  # D+1: the drafter's block, as the launcher read it
     profile: str | None = None  # latency profile from bastion-calibrate
     mode: str | None = None  # None: "static" with a profile, else "fixed"
     layout: str = "uniform"  # one width per batch, or per-request first-drop sizes

@@ -9,6 +9,7 @@ worker cannot serve with one line naming the problem and the fix.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from sglang_bastion.options import (
 )
 
 TREE_VERIFY_BACKENDS = ("flashinfer", "triton", "bastion_cpu")
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # owner/name
 
 
 class BastionConfigError(SystemExit):
@@ -82,15 +84,13 @@ class BastionSpecAlgo(CustomSpecAlgo):
     ) -> int:
         """Tree width for the target, the drafter's block size for the draft runner."""
         if is_draft_worker:
-            from sglang.srt.runtime_context import get_spec
-
-            return drafter_block_size(get_spec().speculative_draft_model_path)
+            return int(published_options().block_size)
         return num_draft_tokens
 
     def handle_server_args(self, server_args: Any) -> None:
         """Settle the arguments SGLang's DFLASH handler would settle, for BASTION's worker."""
-        nodes = published_options().max_nodes  # resolved by validate_server_args, run first
-        block = drafter_block_size(server_args.speculative_draft_model_path)
+        resolved = published_options()  # by validate_server_args, which SGLang runs first
+        nodes, block = resolved.max_nodes, resolved.block_size
         server_args.disable_overlap_schedule = True
         server_args.speculative_num_steps = 1
         server_args.speculative_eagle_topk = 1
@@ -100,17 +100,40 @@ class BastionSpecAlgo(CustomSpecAlgo):
         server_args.page_size = 1
 
 
-def drafter_block_size(path: str | None) -> int:
-    """The DFlash drafter's block size B from its config.json (16 when unstated)."""
-    config = read_config(path) if path else {}
+def drafter_block_size(path: str | None, revision: str | None = None) -> int:
+    """The DFlash drafter's block size D+1 from its config.json (16, DFlash's, when unstated)."""
+    config = drafter_config(path, revision) if path else {}
     nested = config.get("dflash_config") or {}
     return int(nested.get("block_size") or config.get("block_size") or 16)
 
 
-def read_config(path: str | Path) -> dict[str, Any]:
-    """A model folder's config.json, or {} when it is not a local folder."""
+def drafter_config(path: str, revision: str | None = None) -> dict[str, Any]:
+    """The drafter's config.json, from its folder or through the Hugging Face hub and cache."""
+    config = read_config(path, revision)
+    if not config:
+        raise BastionConfigError(
+            f"--speculative-draft-model-path {path}: no config.json in a local folder, on the "
+            "Hugging Face hub or in its cache; download the drafter first (hf download "
+            f"{path}) or pass its local folder"
+        )
+    return config
+
+
+def read_config(path: str | Path, revision: str | None = None) -> dict[str, Any]:
+    """A model's config.json from its folder, else the hub (or its cache); {} when neither."""
     file = Path(path) / "config.json"
-    return json.loads(file.read_text()) if file.is_file() else {}
+    if file.is_file():
+        return json.loads(file.read_text())
+    if Path(path).exists() or not HUB_ID.fullmatch(str(path)):
+        return {}  # a local path, without a config
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        cached = hf_hub_download(str(path), "config.json", revision=revision)
+    except (OSError, HFValidationError, ValueError):
+        return {}  # unreachable, unknown or malformed: callers decide what that means
+    return json.loads(Path(cached).read_text())
 
 
 def validate_server_args(server_args: Any) -> None:
@@ -161,7 +184,9 @@ def validate_server_args(server_args: Any) -> None:
     if options.profile and options.resolved_mode != "fixed":
         check_profile_matches_server(options.profile, server_args)
     nodes = server_args.speculative_num_draft_tokens or options.default_max_nodes
-    publish_options(replace(options, max_nodes=int(nodes)))
+    revision = getattr(server_args, "speculative_draft_model_revision", None)
+    block = drafter_block_size(drafter, revision)
+    publish_options(replace(options, max_nodes=int(nodes), block_size=block))
 
 
 def check_profile_matches_server(path: str, server_args: Any) -> None:
@@ -174,7 +199,7 @@ def check_profile_matches_server(path: str, server_args: Any) -> None:
     try:
         profile = load_profile(path)
         if not target or not drafter:
-            return  # hub ids: the worker checks the resolved configs at start-up
+            return  # configs out of reach: the worker checks the resolved ones at start-up
         dtype = server_args.dtype if server_args.dtype not in (None, "auto") else None
         expect = serving_identity(
             target_name=server_args.model_path, target_config=target,
@@ -193,7 +218,7 @@ def check_drafter_matches_target(target_path: str, drafter_path: str) -> None:
     """Refuse a drafter built for another target (hidden size, vocabulary, tapped layers)."""
     target, drafter = read_config(target_path), read_config(drafter_path)
     if not target or not drafter:
-        return  # hub ids: SGLang's own loaders check what they can
+        return  # configs out of reach: SGLang's own loaders check what they can
     text = target.get("text_config") or target
     if "DFlashDraftModel" not in (drafter.get("architectures") or []):
         raise BastionConfigError(

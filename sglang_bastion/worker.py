@@ -71,7 +71,6 @@ from sglang_bastion.node_sampling import (
     state_from_penalizers,
 )
 from sglang_bastion.options import published_options
-from sglang_bastion.spec_algo import drafter_block_size
 from sglang_bastion.stats import BastionStats
 from sglang_bastion.trace import TraceWriter
 from sglang_bastion.tree import Acceptance, TreeBatch, accept, build_trees_from_top_k, verify_inputs
@@ -114,8 +113,8 @@ class BastionWorker(DFlashWorkerV2):
         # window, which holds both the tree's N and the drafter's block: spec_algo) and DFlash
         # drafts a block of that size; BASTION drafts the drafter's own block of D + 1.
         self.window = int(get_spec().speculative_num_draft_tokens)
-        drafter = self.server_args.speculative_draft_model_path
-        self.block_size = min(drafter_block_size(drafter), self.window)  # D + 1, as DFlash reads it
+        self.options = published_options()
+        self.block_size = min(int(self.options.block_size), self.window)  # D + 1
         self.draft_model.set_block_size(self.block_size)
         self._block_pos_offsets = build_block_pos_offsets(
             length=self.block_size, device=self.device
@@ -129,7 +128,6 @@ class BastionWorker(DFlashWorkerV2):
         self.verify_listener: Callable[[int, float], None] | None = None
         if torch.device(self.device).type == "cpu":
             use_torch_qk_norm_rope(self.draft_model)
-        self.options = published_options()
         self.max_nodes = min(self.options.max_nodes or self.window, self.window)
         self.top_k = self.options.top_k
         self.controller = Controller.for_worker(self, self.options, self.max_nodes)

@@ -21,7 +21,8 @@ def main() -> None:
 
     target, drafter, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     common = {
-        "model_path": target, "device": "cpu", "dtype": "bfloat16", "disable_cuda_graph": True,
+        "model_path": target, "device": "cpu", "dtype": "bfloat16",
+        "cuda_graph_backend_decode": "disabled", "cuda_graph_backend_prefill": "disabled",
         "attention_backend": "bastion_cpu", "mem_fraction_static": 0.1,
         "max_total_tokens": 4096, "skip_server_warmup": True,
     }  # fmt: skip

@@ -22,7 +22,8 @@ STANDINS = Path(__file__).resolve().parent / "sglang_standins"
 SERVER_ENV = {"TRITON_INTERPRET": "1", "SGLANG_BASTION_TOPK": "4", "OMP_NUM_THREADS": "1"}
 CPU_ARGS = [
     "--device", "cpu",
-    "--disable-cuda-graph",
+    "--cuda-graph-backend-decode", "disabled",
+    "--cuda-graph-backend-prefill", "disabled",
     "--dtype", "bfloat16",
     "--max-total-tokens", "4096",
     "--mem-fraction-static", "0.1",

@@ -348,7 +348,9 @@ class BastionCpuAttnBackend(AttentionBackend):
     @staticmethod
     def _no_graphs() -> UnsupportedByCpuBackend:
         """The error for any graph capture request."""
-        return _refuse("CUDA/CPU graph capture (launch with --disable-cuda-graph)", "triton")
+        return _refuse(
+            "CUDA/CPU graph capture (launch with --cuda-graph-backend-decode disabled)", "triton"
+        )
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         """Refuse graph capture: this backend runs eagerly only."""
