@@ -69,6 +69,8 @@ class Runtime:
 
 def start_runtime(server_argv: list[str]) -> Runtime:
     """Parse SGLang server arguments and build the target and BASTION workers in-process."""
+    from sglang.srt.plugins import load_plugins
+
     from sglang_bastion.options import ENV_MODE, ENV_PROFILE, ENV_TRACE
     from sglang_bastion.plugin import register
 
@@ -78,6 +80,7 @@ def start_runtime(server_argv: list[str]) -> Runtime:
     os.environ.pop(ENV_PROFILE, None)
     os.environ.pop(ENV_TRACE, None)
     register()  # BASTION and the bastion_cpu attention backend
+    load_plugins()  # applies the plugin's hooks: the target is timed as the server runs it
     from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.distributed import bootstrap

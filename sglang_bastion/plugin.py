@@ -52,9 +52,10 @@ def _worker_factory(server_args: object) -> type:
 
 
 def _register_hooks() -> None:
-    """SGLang plugin hooks: /server_info; per-request refusals; penalties for the worker."""
+    """SGLang plugin hooks: /server_info; per-request refusals; penalties; eager verify."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from sglang_bastion.graphs import TARGET_GRAPHS_HOOK, eager_tree_verify
     from sglang_bastion.node_sampling import COPY_FOR_FORWARD_HOOK, keep_penalizers
     from sglang_bastion.request_guard import VALIDATE_HOOK, refuse_request_killers
     from sglang_bastion.serving import INTERNAL_STATE_HOOK, add_server_info
@@ -64,3 +65,4 @@ def _register_hooks() -> None:
     HookRegistry.register(REQUEST_CHECK_HOOK, refuse_unsupported_request, HookType.AFTER)
     HookRegistry.register(VALIDATE_HOOK, refuse_request_killers, HookType.AFTER)
     HookRegistry.register(COPY_FOR_FORWARD_HOOK, keep_penalizers, HookType.AFTER)
+    HookRegistry.register(TARGET_GRAPHS_HOOK, eager_tree_verify, HookType.BEFORE)
