@@ -460,7 +460,8 @@ class BastionWorker(DFlashWorkerV2):
             batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
         )
         logits_output = out.logits_output
-        logits = logits_output.next_token_logits  # [bs * W, V]
+        logits = full_vocabulary(self._target_logits_processor, logits_output.next_token_logits)
+        logits_output.next_token_logits = logits  # [bs * W, V]
         mask = None
         if grammar is not None:  # also clears the prefill's one-row mask, before it is applied
             mask = build_grammar_vocab_mask(
@@ -562,6 +563,17 @@ def _token_budget(req: Any) -> int | None:
     """Tokens the request may still emit (max_new_tokens less its output so far), if known."""
     limit = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None)
     return None if limit is None else int(limit) - len(req.output_ids)
+
+
+def full_vocabulary(processor: Any, logits: torch.Tensor) -> torch.Tensor:
+    """[bs*W, V] verify logits over the whole vocabulary, gathering a deferred TP shard.
+
+    DFlash asks the target's logits processor to defer its tensor-parallel gather in verify
+    passes (softcapped models on CUDA): each rank then holds only its vocabulary shard.
+    """
+    if processor is not None and processor.is_deferred_shard(logits):
+        return processor.finish_deferred_gather(logits)
+    return logits
 
 
 def _ms(value: float | None) -> str:
