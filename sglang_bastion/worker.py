@@ -514,9 +514,11 @@ class BastionWorker(DFlashWorkerV2):
         if info is None or info.is_all_greedy:
             tokens = logits.argmax(dim=-1).view(bs, width)
         else:
+            max_top_k, uniform_top_k = host_top_k_bounds(batch.spec_info)
             probs = build_speculative_verify_target_probs(
-                next_token_logits=logits, sampling_info=info, draft_token_num=width, bs=bs
-            )
+                next_token_logits=logits, sampling_info=info, draft_token_num=width, bs=bs,
+                max_top_k=max_top_k, uniform_top_k_value=uniform_top_k,
+            )  # fmt: skip
             tokens = torch.multinomial(probs.view(bs * width, -1), 1).view(bs, width)
         group = self._tp_group
         if group.world_size > 1 and (SYNC_TOKEN_IDS_ACROSS_TP or batch.has_grammar):
@@ -563,6 +565,20 @@ def _token_budget(req: Any) -> int | None:
     """Tokens the request may still emit (max_new_tokens less its output so far), if known."""
     limit = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None)
     return None if limit is None else int(limit) - len(req.output_ids)
+
+
+def host_top_k_bounds(draft: Any) -> tuple[int | None, int | None]:
+    """(largest top-k, the top-k every request shares or None) as host ints, when known.
+
+    SGLang's DFlash draft input computes both on the host as it prepares each decode step;
+    passing them spares the sampler a device read. (None, None) when the draft input was not
+    prepared (its defaults, top-k 1 and no shared value, cannot come from real requests).
+    """
+    largest = getattr(draft, "max_top_k", None)
+    shared = getattr(draft, "uniform_top_k_value", None)
+    if largest is None or (largest == 1 and shared is None):
+        return None, None
+    return int(largest), shared
 
 
 def full_vocabulary(processor: Any, logits: torch.Tensor) -> torch.Tensor:
