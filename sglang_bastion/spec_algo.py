@@ -8,7 +8,9 @@ worker cannot serve with one line naming the problem and the fix.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +24,8 @@ from sglang_bastion.options import (
     publish_options,
     published_options,
 )
+
+logger = logging.getLogger(__name__)
 
 TREE_VERIFY_BACKENDS = ("flashinfer", "triton", "bastion_cpu")
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # owner/name
@@ -136,6 +140,13 @@ def read_config(path: str | Path, revision: str | None = None) -> dict[str, Any]
     return json.loads(Path(cached).read_text())
 
 
+def tree_verify_backend(device: str) -> str:
+    """The attention backend BASTION serves with on ``device`` when none was named."""
+    if device.startswith("cpu"):
+        return "bastion_cpu"
+    return "flashinfer" if importlib.util.find_spec("flashinfer") is not None else "triton"
+
+
 def validate_server_args(server_args: Any) -> None:
     """Refuse, in one line, what the BASTION worker cannot serve."""
     drafter = server_args.speculative_draft_model_path
@@ -151,10 +162,19 @@ def validate_server_args(server_args: Any) -> None:
         )
     backend = server_args.attention_backend
     if backend is not None and backend not in TREE_VERIFY_BACKENDS:
-        raise BastionConfigError(
-            f"--attention-backend {backend} cannot verify trees (no custom attention mask); "
-            f"use one of {', '.join(TREE_VERIFY_BACKENDS)}"
-        )
+        given = (getattr(server_args, "_raw_input", None) or {}).get("attention_backend")
+        if given is not None:
+            raise BastionConfigError(
+                f"--attention-backend {backend} cannot verify trees (no custom attention "
+                f"mask); use one of {', '.join(TREE_VERIFY_BACKENDS)}"
+            )
+        chosen = tree_verify_backend(str(server_args.device))
+        logger.warning(
+            "BASTION: no --attention-backend was given and SGLang's default for this device, "
+            "%s, cannot verify trees; serving with %s (pass --attention-backend to choose)",
+            backend, chosen,
+        )  # fmt: skip
+        server_args.attention_backend = chosen
     if server_args.page_size not in (None, 1):
         raise BastionConfigError(
             f"--page-size {server_args.page_size} is not supported: BASTION moves accepted "
