@@ -100,8 +100,27 @@ class BastionSpecAlgo(CustomSpecAlgo):
         server_args.speculative_eagle_topk = 1
         # SGLang reserves speculative_num_draft_tokens KV slots per request and step: the
         # window must hold both the tree (N) and the drafter's block (D+1).
-        server_args.speculative_num_draft_tokens = max(int(nodes), block)
+        window = max(int(nodes), block)
+        server_args.speculative_num_draft_tokens = window
         server_args.page_size = 1
+        if server_args.max_running_requests is None:
+            server_args.max_running_requests = max_running_requests_default(
+                server_args, window, block
+            )
+
+
+def max_running_requests_default(server_args: Any, window: int, block: int) -> int:
+    """SGLang's DFLASH default (48), lowered where the W-wide step buffers would not fit."""
+    from sglang.srt.utils.common import get_device_memory_capacity
+
+    from sglang_bastion.memory import default_max_running_requests
+
+    target = read_config(server_args.model_path)
+    vocab = int((target.get("text_config") or target).get("vocab_size") or 0)
+    device_mib = get_device_memory_capacity(str(server_args.device))
+    chosen = default_max_running_requests(window, block - 1, vocab or 1, device_mib)
+    logger.info("BASTION: --max-running-requests defaults to %d (verify width %d)", chosen, window)
+    return chosen
 
 
 def drafter_block_size(path: str | None, revision: str | None = None) -> int:
