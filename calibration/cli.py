@@ -114,7 +114,8 @@ def server_argv(argv: Sequence[str], grid: Grid) -> list[str]:
             default("--cuda-graph-backend-prefill", "disabled")
         default("--mem-fraction-static", "0.1")
         default("--max-total-tokens", str(kv_tokens))
-        default("--max-running-requests", str(max(grid.batch_sizes)))
+    # Every grid batch must fit the request pool (BASTION's own default is at most 48).
+    default("--max-running-requests", str(max(grid.batch_sizes)))
     return argv
 
 
