@@ -137,6 +137,7 @@ class Controller:
     measure_overhead: bool = False  # add the measured per-step time the model leaves out
     overhead_ms: dict[int, float] = field(default_factory=dict)  # batch size -> EMA, ms
     _verify_cache: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)
+    _seen_shapes: set[tuple[int, int]] = field(default_factory=set, repr=False)  # (B, W) timed
 
     def __post_init__(self) -> None:
         """Refuse an adaptive mode without a latency model; settle the width ladder."""
@@ -249,13 +250,25 @@ class Controller:
         self.overhead_ms[batch] = sample if old is None else old + self.ema_alpha * (sample - old)
 
     def observe(self, decision: Decision, verify_ms: float) -> None:
-        """Fold an observed verify time into its batch size's gamma (ema modes; else counted)."""
+        """Fold an observed verify time into its batch size's gamma (ema modes; else counted).
+
+        Not learned from: the first pass at each (batch, width) shape, which may include a
+        kernel compile or allocator growth, and, once the batch size has a gamma, a pass four
+        times slower than predicted (a stall: garbage collection, another process).
+        """
         self.observed_steps += 1
-        if self.mode in ("ema", "ema_calib") and decision.predicted_verify_ms:
-            batch = decision.sizes.numel()
-            gamma = self.gamma_at(batch)
-            bare = decision.predicted_verify_ms / gamma  # the prediction before gamma
-            self.gamma[batch] = ema_update(gamma, verify_ms, bare, self.ema_alpha)
+        if self.mode not in ("ema", "ema_calib") or not decision.predicted_verify_ms:
+            return
+        batch = decision.sizes.numel()
+        shape = (batch, decision.width)
+        if shape not in self._seen_shapes:
+            self._seen_shapes.add(shape)
+            return
+        if batch in self.gamma and verify_ms > 4 * decision.predicted_verify_ms:
+            return
+        gamma = self.gamma_at(batch)
+        bare = decision.predicted_verify_ms / gamma  # the prediction before gamma
+        self.gamma[batch] = ema_update(gamma, verify_ms, bare, self.ema_alpha)
 
     @property
     def needs_timing(self) -> bool:

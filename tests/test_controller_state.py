@@ -85,6 +85,7 @@ def test_ema_gamma_is_kept_per_batch_size():
     budget = Controller("ema_calib", 64, "uniform", model(), ema_alpha=1.0)
     for batch, slowdown in ((1, 1.0), (4, 1.5)):
         decision = budget.decide(trees(batch), torch.full((batch,), 128))
+        budget.observe(decision, decision.predicted_verify_ms)  # the shape's first pass
         budget.observe(decision, slowdown * decision.predicted_verify_ms)
     assert budget.gamma == {1: pytest.approx(1.0), 4: pytest.approx(1.5)}
 
@@ -115,8 +116,28 @@ def test_a_slower_observed_verify_makes_ema_choose_smaller_trees():
     budget = Controller("ema", 64, "uniform", model(t_aux_ms=20.0), ema_alpha=1.0)
     batch, contexts = trees(64), torch.full((64,), 256)  # compute-bound: W matters
     before = budget.decide(batch, contexts)
-    budget.observe(before, 20 * before.predicted_verify_ms)
+    budget.observe(before, before.predicted_verify_ms)  # the shape's first pass
+    budget.observe(before, 3 * before.predicted_verify_ms)
     assert budget.decide(batch, contexts).width < before.width
+
+
+def test_the_first_pass_at_a_shape_is_not_learned_from():
+    budget = Controller("ema", 64, "uniform", model(), ema_alpha=1.0)
+    decision = budget.decide(trees(2), torch.full((2,), 128))
+    budget.observe(decision, 10 * decision.predicted_verify_ms)  # e.g. a kernel compiling
+    assert budget.gamma == {}
+    budget.observe(decision, 2 * decision.predicted_verify_ms)
+    assert budget.gamma == {2: pytest.approx(2.0)}
+
+
+def test_a_stall_is_not_learned_from_once_the_batch_size_has_a_gamma():
+    budget = Controller("ema", 64, "uniform", model(), ema_alpha=1.0)
+    decision = budget.decide(trees(2), torch.full((2,), 128))
+    for observed in (1.0, 1.5):
+        budget.observe(decision, observed * decision.predicted_verify_ms)
+    stalled = budget.decide(trees(2), torch.full((2,), 128))
+    budget.observe(stalled, 5 * stalled.predicted_verify_ms)  # 5x the prediction: a stall
+    assert budget.gamma == {2: pytest.approx(1.5)}
 
 
 def test_prices_are_those_of_the_nearest_context_bucket():
