@@ -270,6 +270,10 @@ class Controller:
         bare = decision.predicted_verify_ms / gamma  # the prediction before gamma
         self.gamma[batch] = ema_update(gamma, verify_ms, bare, self.ema_alpha)
 
+    def verify_widths(self) -> tuple[int, ...]:
+        """Every verify width this controller can choose (fixed: N, cut to the tree's size)."""
+        return (self.max_nodes,) if self.mode == "fixed" else self.widths
+
     @property
     def needs_timing(self) -> bool:
         """Whether decisions depend on observed step times."""

@@ -74,6 +74,7 @@ from sglang_bastion.options import published_options
 from sglang_bastion.stats import BastionStats
 from sglang_bastion.trace import TraceWriter
 from sglang_bastion.tree import Acceptance, TreeBatch, accept, build_trees_from_top_k, verify_inputs
+from sglang_bastion.tree.warmup import warm_tree_ops
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +133,12 @@ class BastionWorker(DFlashWorkerV2):
         self.top_k = self.options.top_k
         self.controller = Controller.for_worker(self, self.options, self.max_nodes)
         self.stats = BastionStats()
+        if torch.device(self.device).type == "cuda":  # Triton compiles here, not in a step
+            warm_tree_ops(
+                torch.device(self.device), self.controller.verify_widths(),
+                depth=self.block_size - 1, top_k=self.top_k, max_nodes=self.max_nodes,
+                window=self.window, kernels=self.options.kernels,
+            )  # fmt: skip
         # (start, decision, batch size) of the last decode step, while no prefill has run since
         self._period: tuple[float, Decision, int] | None = None
         self.profile_info = self.controller.summary(self.options.profile)
