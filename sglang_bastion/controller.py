@@ -73,12 +73,21 @@ def uniform_width(
     nodes = trees.max_nodes
     _check_costs(cost_ms, nodes, "cost_ms", "C(W) for W = 1..N tokens per request")
     device = trees.log_scores.device
-    allowed = torch.arange(1, nodes + 1) if widths is None else torch.tensor(sorted(set(widths)))
-    if allowed.numel() == 0 or allowed[0] < 1 or allowed[-1] > nodes:
-        raise ValueError(f"widths must be non-empty and within [1, {nodes}], got {widths}")
-    allowed = allowed.to(device)
+    if isinstance(widths, torch.Tensor):  # sorted and checked by the caller, maybe on device
+        allowed = widths.to(device)
+    else:
+        allowed = torch.tensor(sorted(set(widths))) if widths else torch.arange(1, nodes + 1)
+        if allowed.numel() == 0 or allowed[0] < 1 or allowed[-1] > nodes:
+            raise ValueError(f"widths must be non-empty and within [1, {nodes}], got {widths}")
+        allowed = allowed.to(device)
     goodput = trees.surrogate()[:, allowed - 1].sum(dim=0) / cost_ms.to(device)[allowed - 1]
-    return allowed[goodput.argmax()]  # the smallest width among equals
+    best = goodput.argmax().view(1)  # the smallest width among equals
+    return allowed.index_select(0, best).squeeze(0)  # indexing by a 0-dim tensor reads it
+
+
+def read_width(width: torch.Tensor) -> int:
+    """The step's one host read of a device value: the verify width the controller chose."""
+    return int(width)
 
 
 def fixed_sizes(trees: TreeBatch, budget: int) -> torch.Tensor:
@@ -138,6 +147,8 @@ class Controller:
     overhead_ms: dict[int, float] = field(default_factory=dict)  # batch size -> EMA, ms
     _verify_cache: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)
     _seen_shapes: set[tuple[int, int]] = field(default_factory=set, repr=False)  # (B, W) timed
+    _device_cache: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
+    _device_widths: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         """Refuse an adaptive mode without a latency model; settle the width ladder."""
@@ -203,15 +214,17 @@ class Controller:
             # The width is static (no host sync): slots past a smaller tree are padding.
             return Decision(sizes, min(self.max_nodes, trees.max_nodes), None, None)
         batch = trees.batch_size
-        context = float(context_lens.float().mean())
+        context = float(context_lens.float().mean())  # the host copy of the contexts
         overhead = self.step_overhead_ms(batch)
-        cost = self.cost_vector_ms(batch, context) + overhead
+        cost = self.cost_vector_ms(batch, context) + overhead  # [N] on the host
+        device = trees.log_scores.device
+        priced = self._priced_on(device, batch, context, overhead)  # [N] the same, on device
         if self.layout == "ragged":
-            sizes = per_request_sizes(trees, cost, self.model.ar_ms(batch))
-            largest = int(sizes.max())
+            sizes = per_request_sizes(trees, priced, self.model.ar_ms(batch))
+            largest = read_width(sizes.max())
             width = next((w for w in self.widths if w >= largest), self.widths[-1])
         else:
-            width = int(uniform_width(trees, cost, self.widths))
+            width = read_width(uniform_width(trees, priced, self._widths_on(device)))
             sizes = trees.num_nodes.clamp(max=width)
         cycle = float(cost[width - 1])
         return Decision(sizes, width, cycle - overhead - self.model.aux_ms(batch), cycle, overhead)
@@ -229,6 +242,30 @@ class Controller:
             verify = self._verify_cache.setdefault(key, price)
         # gamma is linear in the ema modes' price; static mode never learns one (it stays 1).
         return self.model.aux_ms(batch) + self.gamma_at(batch) * verify
+
+    def _priced_on(
+        self, device: torch.device, batch: int, context: float, overhead: float
+    ) -> torch.Tensor:
+        """`cost_vector_ms` plus ``overhead`` on ``device``, from a verify price copied once."""
+        if device.type == "cpu":
+            return self.cost_vector_ms(batch, context) + overhead
+        bucket = round(context / self.context_bucket) * self.context_bucket
+        key = (batch, bucket, str(device))
+        verify = self._device_cache.get(key)
+        if verify is None:
+            if len(self._device_cache) >= 4096:
+                self._device_cache.clear()
+            self.cost_vector_ms(batch, context)  # fills the host cache
+            verify = self._device_cache.setdefault(key, self._verify_cache[key[:2]].to(device))
+        return (self.model.aux_ms(batch) + overhead) + self.gamma_at(batch) * verify
+
+    def _widths_on(self, device: torch.device) -> torch.Tensor:
+        """[widths] the allowed verify widths as a tensor on ``device``, copied once."""
+        allowed = self._device_widths.get(str(device))
+        if allowed is None:
+            allowed = torch.tensor(self.widths, device=device)
+            self._device_widths[str(device)] = allowed
+        return allowed
 
     def gamma_at(self, batch: int) -> float:
         """The verify price's online scale at this batch size (nearest observed; 1 before any)."""

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 import torch
 from helpers import random_marginals
 
+from sglang_bastion import controller
 from sglang_bastion.budget import Calibration, Hardware, LatencyModel, ModelShape
 from sglang_bastion.controller import Controller, width_ladder
-from sglang_bastion.tree import build_trees
+from sglang_bastion.tree import TreeBatch, build_trees
 
 SHAPE = ModelShape.from_hf_config(
     {"hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
@@ -228,3 +231,24 @@ def test_an_unseen_batch_size_borrows_the_nearest_measured_overhead():
     budget.overhead_ms.update({2: 1.0, 8: 5.0})
     assert [budget.step_overhead_ms(b) for b in (1, 2, 4, 6, 64)] == [1.0, 1.0, 1.0, 5.0, 5.0]
     assert Controller("static", 64, "uniform", model()).step_overhead_ms(4) == 0.0
+
+
+def on_meta(batch: TreeBatch) -> TreeBatch:
+    """The same trees on the meta device, where any host read of a value raises."""
+    return TreeBatch(**{f.name: getattr(batch, f.name).to("meta") for f in fields(batch)})
+
+
+@pytest.mark.parametrize(("mode", "layout"), [("static", "uniform"), ("ema_calib", "ragged")])
+def test_an_adaptive_decision_reads_the_device_once_for_its_width(monkeypatch, mode, layout):
+    reads = []
+    monkeypatch.setattr(controller, "read_width", lambda width: reads.append(width.device) or 8)
+    budget = Controller(mode, 64, layout, model(), measure_overhead=True)
+    for _ in range(3):  # fresh and cached prices alike
+        decision = budget.decide(on_meta(trees(4)), torch.full((4,), 300))  # contexts: host
+        budget.observe(decision, 1.0)
+    assert reads == [torch.device("meta")] * 3 and decision.width == 8
+
+
+def test_a_fixed_decision_reads_nothing_from_the_device():
+    decision = Controller("fixed", 16).decide(on_meta(trees(4)), torch.full((4,), 300))
+    assert decision.width == 16 and decision.sizes.device == torch.device("meta")
