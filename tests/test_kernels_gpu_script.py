@@ -19,6 +19,7 @@ CHECKS = {
     "prep_tree_vs_chain",
     "attn_split_vs_masked",
     "attn_split_vs_causal",
+    "ladder",
 }
 
 

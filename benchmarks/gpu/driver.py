@@ -289,6 +289,45 @@ class Checks:
                     f"mean accepted {float(want.num_accepted.float().mean()):.1f}",
                 )
 
+    def ladder(self) -> None:
+        """Verify inputs and acceptance at every adaptive verify width, int64 prefixes, exact.
+
+        Both ops specialise on W, so each ladder width is its own compile (the worker warms
+        them at start-up); SGLang's sequence lengths are int64.
+        """
+        from sglang_bastion.controller import width_ladder
+        from sglang_bastion.tree.acceptance import accept_reference, accept_triton
+        from sglang_bastion.tree.verify_inputs import verify_inputs_reference, verify_inputs_triton
+
+        torch = self.torch
+        s = self.shapes
+        batch, nodes = s.batches[-1], max(s.nodes)
+        trees, *_ = self.trees(batch, nodes)
+        prefix_cpu = torch.randint(s.prefix // 2, s.prefix + 1, (batch,), dtype=torch.int64,
+                                   generator=self.generator)  # fmt: skip
+        prefix = prefix_cpu.to(self.device)
+        for width in width_ladder(nodes):
+            narrow = trees.narrow(width)
+            out = verify_inputs_triton(narrow, prefix, prefix_cpu)
+            ref = verify_inputs_reference(narrow, prefix)
+            fields = ("input_ids", "positions", "custom_mask", "retrieve_index")
+            ok = all(torch.equal(getattr(out, f), getattr(ref, f)) for f in fields)
+            targets = _planted_targets(torch, narrow, self.generator)
+            window = torch.arange(batch * nodes, device=self.device).view(batch, nodes)
+            got = accept_triton(narrow, targets, window, max_depth=s.depth)
+            want = accept_reference(narrow, targets, window, max_depth=s.depth)
+            moves = ("path", "num_accepted", "bonus_tokens", "kv_source", "kv_target")
+            ok = ok and all(torch.equal(getattr(got, f), getattr(want, f)) for f in moves)
+            self.row(
+                "ladder",
+                f"B={batch} W={width} int64 prefixes",
+                ok,
+                self.time(partial(verify_inputs_triton, narrow, prefix, prefix_cpu)),
+                self.time(partial(verify_inputs_reference, narrow, prefix)),
+                out.custom_mask.numel() + batch * width * 8 * 8,
+                "verify inputs + accept compiled at this width",
+            )
+
     def preparation(self) -> None:
         """Tree preparation (kernels, and the old torch path) against chain preparation."""
         from sglang_bastion.kernels import draft_logits, topk_softmax_triton
@@ -485,7 +524,15 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: run with --dry-run on a CPU", file=sys.stderr)
         return 2
     checks = Checks(shapes)
-    for name in ("draft_head", "tree_build", "verify_and_accept", "preparation", "attention"):
+    checked = (
+        "draft_head",
+        "tree_build",
+        "verify_and_accept",
+        "ladder",
+        "preparation",
+        "attention",
+    )
+    for name in checked:
         checks.guarded(name, getattr(checks, name))
     sglang_loaded = sorted(
         m for m in sys.modules if m.split(".")[0] in ("sglang", "flashinfer")
