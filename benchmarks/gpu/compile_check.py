@@ -57,7 +57,7 @@ def kernel_specs() -> list[tuple[str, str, dict[str, str], dict[str, object], in
         ("kernels.split_attention", "_merge_kernel",
          {"part_out_ptr": F32, "part_lse_ptr": F32, "tree_lens_ptr": I64, "out_ptr": F32,
           "parts": "i32", "nodes": "i32", "heads": "i32"},
-         {"PP": 4, "DV": 128}, 4),
+         {"PC": 8, "DV": 128}, 4),
     ]  # fmt: skip
 
 
