@@ -408,7 +408,10 @@ class BastionWorker(DFlashWorkerV2):
         """
         window, prefix, prefix_cpu = step.window, step.prefix, step.prefix_cpu
         bs = len(prefix)
-        verify = verify_inputs(trees, prefix, prefix_cpu, kernels=self.options.kernels)
+        tail = bs * width * width  # SGLang's padded mask length: see verify_inputs
+        verify = verify_inputs(
+            trees, prefix, prefix_cpu, kernels=self.options.kernels, mask_tail=tail
+        )
         grammar = None
         if batch.has_grammar:  # the host copy must start before the verify launch
             grammar = GrammarTree.from_device(

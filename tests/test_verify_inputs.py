@@ -144,3 +144,19 @@ def test_host_prefix_lengths_size_the_mask_without_reading_the_device():
     prefix_lens = torch.tensor([4, 0, 11])
     out = verify_inputs_triton(trees, prefix_lens, prefix_lens_cpu=prefix_lens.clone())
     assert torch.equal(out.custom_mask, verify_inputs_reference(trees, prefix_lens).custom_mask)
+
+
+def sglang_padded_mask_length(inputs_width: int, seq_lens_sum: int, batch: int) -> int:
+    """The mask length SGLang's FlashInfer/Triton verify pads to (generate_attn_arg_prefill)."""
+    return seq_lens_sum * inputs_width + inputs_width**2 * batch
+
+
+@pytest.mark.parametrize("impl", [verify_inputs_reference, verify_inputs_triton])
+def test_a_mask_tail_makes_the_mask_as_long_as_sglang_pads_it_with_true(impl):
+    trees = ragged_trees(3, 8, seed=4)
+    prefix_lens = torch.tensor([4, 0, 11])
+    plain = verify_inputs_reference(trees, prefix_lens).custom_mask
+    padded = impl(trees, prefix_lens, mask_tail=3 * 8 * 8).custom_mask
+    host_bound = int((prefix_lens + 8).sum())  # seq_lens_sum as the worker sets it
+    assert padded.numel() == sglang_padded_mask_length(8, host_bound, 3)
+    assert torch.equal(padded[: plain.numel()], plain) and bool(padded[plain.numel() :].all())

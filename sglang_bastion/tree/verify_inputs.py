@@ -62,12 +62,13 @@ def ancestor_mask(trees: TreeBatch) -> torch.Tensor:
 
 
 def verify_inputs_reference(
-    trees: TreeBatch, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor | None = None
-) -> VerifyInputs:
+    trees: TreeBatch, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor | None = None,
+    *, mask_tail: int = 0,
+) -> VerifyInputs:  # fmt: skip
     """Verify-pass inputs for every tree at its width W = ``trees.max_nodes``, in torch.
 
     ``prefix_lens_cpu`` is unused: the mask's length is read from ``prefix_lens`` (one host
-    read per step).
+    read per step). ``mask_tail`` True entries follow the mask (see `verify_inputs`).
     """
     batch, width = trees.token_ids.shape
     if prefix_lens.shape != (batch,):
@@ -103,7 +104,7 @@ def verify_inputs_reference(
     return VerifyInputs(
         input_ids=trees.token_ids.flatten(),
         positions=positions,
-        custom_mask=dense[valid],
+        custom_mask=torch.cat([dense[valid], dense.new_ones(mask_tail)]),
         retrieve_index=retrieve_index.contiguous(),
         retrieve_next_token=retrieve_next_token,
         retrieve_next_sibling=retrieve_next_sibling,
@@ -117,8 +118,9 @@ def _first_true(flags: torch.Tensor) -> torch.Tensor:
 
 
 def verify_inputs_triton(
-    trees: TreeBatch, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor | None = None
-) -> VerifyInputs:
+    trees: TreeBatch, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor | None = None,
+    *, mask_tail: int = 0,
+) -> VerifyInputs:  # fmt: skip
     """`verify_inputs_reference` in one launch; ``prefix_lens_cpu`` spares a device read."""
     batch, width = trees.token_ids.shape
     if prefix_lens.shape != (batch,):
@@ -129,7 +131,8 @@ def verify_inputs_triton(
     tokens = batch * width
     input_ids = torch.empty(tokens, dtype=torch.int64, device=device)
     positions = torch.empty(tokens, dtype=torch.int64, device=device)
-    mask = torch.empty(mask_len, dtype=torch.uint8, device=device)  # viewed as bool below
+    mask = torch.empty(mask_len + mask_tail, dtype=torch.uint8, device=device)  # as bool below
+    mask[mask_len:].fill_(1)
     retrieve = torch.empty(3, batch, width, dtype=torch.int64, device=device)
     if tokens:
         _verify_inputs_kernel[(batch, width)](
@@ -150,12 +153,18 @@ def verify_inputs_triton(
 
 def verify_inputs(
     trees: TreeBatch, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor | None = None,
-    *, kernels: bool = True,
+    *, kernels: bool = True, mask_tail: int = 0,
 ) -> VerifyInputs:  # fmt: skip
-    """Verify-pass inputs of every tree: Triton on CUDA, the torch reference elsewhere."""
+    """Verify-pass inputs of every tree: Triton on CUDA, the torch reference elsewhere.
+
+    ``mask_tail`` True entries are allocated after the mask, which attention never reads:
+    SGLang's FlashInfer and Triton verify expect W * seq_lens_sum + B * W^2 entries, where
+    seq_lens_sum counts the W verify tokens too, and concatenate a padding every step
+    otherwise (``DFlashVerifyInput.generate_attn_arg_prefill``).
+    """
     if use_triton(trees.parents, kernels=kernels):
-        return verify_inputs_triton(trees, prefix_lens, prefix_lens_cpu)
-    return verify_inputs_reference(trees, prefix_lens)
+        return verify_inputs_triton(trees, prefix_lens, prefix_lens_cpu, mask_tail=mask_tail)
+    return verify_inputs_reference(trees, prefix_lens, mask_tail=mask_tail)
 
 
 @triton.jit(do_not_specialize=["batch"])  # the batch size changes every step
