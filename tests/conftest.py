@@ -25,11 +25,13 @@ def pair(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="session")
 def tiny_pair_profile(tmp_path_factory) -> Path:
-    """The shipped tiny-pair profile if it was measured on this CPU kind, else a fresh one.
+    """A tiny-pair profile measured on this CPU kind: shipped, kept as test data, or fresh.
 
-    A profile names the device it was measured on and the server refuses it elsewhere, so on
-    another CPU model the tests calibrate the trained pair on this host (the quick grid, with
-    a KV pool that holds every grid point: a skipped point leaves no grid residual).
+    A profile names the device it was measured on and the server refuses it elsewhere. The
+    shipped one (calibration/profiles) and the quick ones in tests/data/profiles (one per CPU
+    model CI has run on) are taken when their device is this host's; on any other CPU model
+    the tests calibrate the trained pair here (the quick grid, with a KV pool that holds
+    every grid point: a skipped point leaves no grid residual).
     """
     import json
     import shutil
@@ -45,9 +47,10 @@ def tiny_pair_profile(tmp_path_factory) -> Path:
         root / "calibration" / "profiles" / "tiny-pair-cpu.json",
         root / "training" / "pair",
     )
-    measured_on = json.loads(shipped.read_text())["hardware"]["device_name"]
-    if measured_on == device_name(torch.device("cpu")):
-        return shipped
+    here = device_name(torch.device("cpu"))
+    for known in (shipped, *sorted((root / "tests" / "data" / "profiles").glob("*.json"))):
+        if json.loads(known.read_text())["hardware"]["device_name"] == here:
+            return known
     out = tmp_path_factory.mktemp("profile") / "profile.json"
     command = [
         shutil.which("bastion-calibrate") or "bastion-calibrate",
