@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from sglang_bastion.options import ENV_PUBLISHED
 from sglang_bastion.spec_algo import BastionConfigError, tree_verify_backend
 
 PAIR = Path(__file__).resolve().parent.parent / "training" / "pair"
@@ -22,8 +24,14 @@ def resolved_backend(*extra: str) -> str:
     argv = ["--model-path", str(PAIR / "target"), "--device", "cpu",
             "--speculative-algorithm", "BASTION",
             "--speculative-draft-model-path", str(PAIR / "drafter"), *extra]  # fmt: skip
+    published = os.environ.get(ENV_PUBLISHED)
     server_args = prepare_server_args(argv)
-    server_args.resolve_once()
+    try:
+        server_args.resolve_once()  # publishes the options, as a launcher does
+    finally:
+        os.environ.pop(ENV_PUBLISHED, None)
+        if published is not None:
+            os.environ[ENV_PUBLISHED] = published
     return resolving_view(server_args).attention_backend
 
 

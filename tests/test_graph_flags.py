@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from calibration.cli import server_argv
 from calibration.grid import QUICK
+from sglang_bastion.options import ENV_PUBLISHED
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIR = ROOT / "training" / "pair"
@@ -27,8 +29,14 @@ def resolved_graph_backends(extra: list[str]) -> tuple[str, str]:
     argv = ["--model-path", str(PAIR / "target"), "--device", "cpu",
             "--speculative-algorithm", "BASTION", "--attention-backend", "bastion_cpu",
             "--speculative-draft-model-path", str(PAIR / "drafter"), *extra]  # fmt: skip
+    published = os.environ.get(ENV_PUBLISHED)
     server_args = prepare_server_args(argv)
-    server_args.resolve_once()
+    try:
+        server_args.resolve_once()  # publishes the options, as a launcher does
+    finally:
+        os.environ.pop(ENV_PUBLISHED, None)
+        if published is not None:
+            os.environ[ENV_PUBLISHED] = published
     graphs = resolving_view(server_args).cuda_graph_config
     return str(graphs.decode.backend), str(graphs.prefill.backend)
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from sglang_bastion.memory import default_max_running_requests, step_buffer_bytes
+from sglang_bastion.options import ENV_PUBLISHED
 
 PAIR = Path(__file__).resolve().parent.parent / "training" / "pair"
 QWEN3_8B_VOCAB, DFLASH_B16_DEPTH = 151_936, 15
@@ -41,8 +43,14 @@ def resolved_max_running(*extra: str) -> int:
     argv = ["--model-path", str(PAIR / "target"), "--device", "cpu",
             "--speculative-algorithm", "BASTION", "--attention-backend", "bastion_cpu",
             "--speculative-draft-model-path", str(PAIR / "drafter"), *extra]  # fmt: skip
+    published = os.environ.get(ENV_PUBLISHED)
     server_args = prepare_server_args(argv)
-    server_args.resolve_once()
+    try:
+        server_args.resolve_once()  # publishes the options, as a launcher does
+    finally:
+        os.environ.pop(ENV_PUBLISHED, None)
+        if published is not None:
+            os.environ[ENV_PUBLISHED] = published
     return int(resolving_view(server_args).max_running_requests)
 
 
