@@ -220,15 +220,13 @@ def test_adaptive_greedy_outputs_equal_the_plain_server(plain_url, adaptive_url)
     assert state["controller"]["calibration"]["grid_residual"] is True
 
 
-def test_the_profiles_controller_verifies_smaller_trees_for_bigger_batches(
-    profile_only_url, profile
-):
-    if profile != SHIPPED_PROFILE:
+def test_the_profiles_controller_verifies_smaller_trees_for_bigger_batches(profile, request):
+    if profile != SHIPPED_PROFILE:  # checked before its server is started
         pytest.skip("the shipped profile's prices shrink the trees; a quick host grid may not")
     # With the measured overhead on, this depends on the host: on a busy 2-core CPU the time
     # between steps can grow with the batch faster than the verify cost, and then larger
     # trees are right. The profile's own prices must shrink the trees.
-    url = profile_only_url
+    url = request.getfixturevalue("profile_only_url")
     first = bastion_counters(url)
     run_all(url, [{"prompt": PROMPTS[0], "max_tokens": 32}])
     alone = bastion_counters(url)
