@@ -1,8 +1,10 @@
 """``--tp-size 2`` on this CPU: two ranks, each with half of the LM head, build the same trees.
 
 SGLang's CPU path needs each rank's cores named (``SGLANG_CPU_OMP_THREADS_BIND``) and, on a
-host without NCCL, gloo groups (a stand-in in ``sglang_standins``). Three servers: the plain
-target, BASTION on one rank, BASTION on two ranks; trained pair, HumanEval prompts, greedy.
+host without NCCL, gloo groups (a stand-in in ``sglang_standins``). Two servers: the plain
+target and BASTION on two ranks; trained pair, HumanEval prompts, greedy. That the merged
+shards give the unsharded draft head exactly is tested without servers
+(``test_kernels_draft_head.py``).
 """
 
 from __future__ import annotations
@@ -37,23 +39,20 @@ def plain(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bastion(plain, tmp_path_factory):
-    """{ranks: (greedy replies, BASTION counters)} on one rank and on two, one after the other."""
-    logs = tmp_path_factory.mktemp("logs")
-    out = {}
-    for ranks in (1, 2):
-        args = [*BACKEND, *bastion_args(PAIR / "drafter", 16), "--tp-size", str(ranks)]
-        with sglang_server(PAIR / "target", args, logs / f"tp{ranks}.log", env=ENV) as url:
-            replies = run_all(url, BATCH)
-            info = requests.get(f"{url}/server_info", timeout=60).json()["internal_states"][0]
-            out[ranks] = (replies, info["bastion"])
-    return out
+    """(greedy replies, BASTION counters) of BASTION on two ranks."""
+    log = tmp_path_factory.mktemp("logs") / "tp2.log"
+    args = [*BACKEND, *bastion_args(PAIR / "drafter", 16), "--tp-size", "2"]
+    with sglang_server(PAIR / "target", args, log, env=ENV) as url:
+        replies = run_all(url, BATCH)
+        info = requests.get(f"{url}/server_info", timeout=60).json()["internal_states"][0]
+        return replies, info["bastion"]
 
 
 def test_two_ranks_serve_the_plain_servers_greedy_tokens(plain, bastion):
-    assert_all_same(plain[0], BATCH, bastion[2][0], plain[1])
+    assert_all_same(plain[0], BATCH, bastion[0], plain[1])
 
 
-def test_the_sharded_draft_head_drafts_as_one_rank_does(bastion):
-    one, two = bastion[1][1], bastion[2][1]
-    assert two["mean_accept_length"] > 2.0
-    assert two["mean_accept_length"] == pytest.approx(one["mean_accept_length"], abs=0.25)
+def test_two_ranks_accept_more_than_two_tokens_per_step(bastion):
+    # As one rank does on this pair (test_server_trained_pair); a sharded draft head that
+    # drafted worse would not.
+    assert bastion[1]["mean_accept_length"] > 2.0
