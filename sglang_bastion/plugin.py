@@ -30,7 +30,7 @@ def register() -> None:
 
     SpeculativeAlgorithm.register(
         ALGORITHM_NAME,
-        supports_overlap=False,
+        supports_overlap=True,
         validate_server_args=validate_server_args,
         spec_class=BastionSpecAlgo,
     )(_worker_factory)

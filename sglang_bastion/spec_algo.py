@@ -76,12 +76,12 @@ class BastionSpecAlgo(CustomSpecAlgo):
         needs_cpu_seq_lens: bool = True,
         needs_confidence_relay: bool = False,
     ) -> Any:
-        """SGLang's future map (created even with overlap scheduling off)."""
+        """SGLang's future map, keeping the exact host sequence lengths in every step."""
         from sglang.srt.managers.overlap_utils import FutureMap
 
-        return FutureMap(
-            device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay
-        )
+        # Always the exact host lengths: the flat tree mask's layout and the controller's
+        # context prices need them (an upper bound, enough for DFLASH's chain, is not).
+        return FutureMap(device, self, req_to_token_pool, True, needs_confidence_relay)
 
     def get_num_tokens_per_req_for_target_verify(
         self, num_draft_tokens: int, is_draft_worker: bool
@@ -95,7 +95,6 @@ class BastionSpecAlgo(CustomSpecAlgo):
         """Settle the arguments SGLang's DFLASH handler would settle, for BASTION's worker."""
         resolved = published_options()  # by validate_server_args, which SGLang runs first
         nodes, block = resolved.max_nodes, resolved.block_size
-        server_args.disable_overlap_schedule = True
         server_args.speculative_num_steps = 1
         server_args.speculative_eagle_topk = 1
         # SGLang reserves speculative_num_draft_tokens KV slots per request and step: the

@@ -184,17 +184,28 @@ class BastionWorker(DFlashWorkerV2):
         if batch.forward_mode.is_idle() or batch.spec_info is None:
             self._period = None
             return super().forward_batch_generation(batch, on_publish=on_publish)
-        return self._tree_step(batch)
+        return self._tree_step(batch, on_publish)
 
     # --- one decode step ------------------------------------------------------------------
 
-    def _tree_step(self, batch: Any) -> GenerationBatchResult:
-        """Draft, build trees, verify them in one target pass, accept; the step's result."""
+    def _tree_step(self, batch: Any, on_publish: Any = None) -> GenerationBatchResult:
+        """Draft, build trees, verify them in one target pass, accept; the step's result.
+
+        Under overlap scheduling ``on_publish`` hands the new lengths to SGLang's future map
+        as soon as acceptance is known, for the next step's host lengths.
+        """
         started = time.perf_counter()
         draft_input: DFlashDraftInputV2 = batch.spec_info
         bs = len(batch.seq_lens)
         prefix = batch.seq_lens  # [bs]: committed tokens; the bonus is not in the KV yet
         prefix_cpu = batch.seq_lens_cpu
+        if prefix_cpu is None:
+            raise RuntimeError(
+                "BASTION needs the batch's host sequence lengths every step (its tree mask is "
+                "laid out from them); SGLang's future map was created without them"
+            )
+        if prefix.is_cuda:  # read on the forward stream, allocated on the schedule stream
+            prefix.record_stream(torch.cuda.current_stream())
         slots = torch.arange(self.window, device=self.device)
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         window = req_to_token[batch.req_pool_indices.unsqueeze(1), prefix.unsqueeze(1) + slots]
@@ -224,11 +235,13 @@ class BastionWorker(DFlashWorkerV2):
         path, bonus = verified.accepted.path, verified.accepted.bonus_tokens
 
         accept_lens = verified.accepted.num_accepted + 1  # [bs]: accepted drafts + the bonus
+        new_seq_lens = prefix + accept_lens.to(prefix.dtype)
+        if on_publish is not None:  # overlap: the next step's lengths, as early as known
+            on_publish(new_seq_lens)
         self._write_draft_features(batch, verified.hidden, step, path, accept_lens)
 
         out_tokens = target_tokens.gather(1, path.clamp(min=0))  # [bs, D+1]: emitted run first
         self._commit_penalties(batch, out_tokens, accept_lens)
-        new_seq_lens = prefix + accept_lens.to(prefix.dtype)
         self._account(decision, accept_lens, verify_ms)
         if self.trace is not None and self.trace.active:
             cycle_ms = (self._now(True) - started) * 1e3
