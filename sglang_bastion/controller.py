@@ -218,7 +218,7 @@ class Controller:
         overhead = self.step_overhead_ms(batch)
         cost = self.cost_vector_ms(batch, context) + overhead  # [N] on the host
         device = trees.log_scores.device
-        priced = self._priced_on(device, batch, context, overhead)  # [N] the same, on device
+        priced = cost if device.type == "cpu" else self._priced_on(device, batch, context, overhead)
         if self.layout == "ragged":
             sizes = per_request_sizes(trees, priced, self.model.ar_ms(batch))
             largest = read_width(sizes.max())
@@ -247,8 +247,6 @@ class Controller:
         self, device: torch.device, batch: int, context: float, overhead: float
     ) -> torch.Tensor:
         """`cost_vector_ms` plus ``overhead`` on ``device``, from a verify price copied once."""
-        if device.type == "cpu":
-            return self.cost_vector_ms(batch, context) + overhead
         bucket = round(context / self.context_bucket) * self.context_bucket
         key = (batch, bucket, str(device))
         verify = self._device_cache.get(key)

@@ -2,37 +2,15 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
+from resolution import resolved_bastion_args
 
-from sglang_bastion.options import ENV_PUBLISHED
 from sglang_bastion.spec_algo import BastionConfigError, tree_verify_backend
-
-PAIR = Path(__file__).resolve().parent.parent / "training" / "pair"
 
 
 def resolved_backend(*extra: str) -> str:
     """The attention backend SGLang resolves for a CPU BASTION server with ``extra`` flags."""
-    from sglang.srt.arg_groups.overrides import resolving_view
-    from sglang.srt.server_args import prepare_server_args
-
-    from sglang_bastion.plugin import register
-
-    register()
-    argv = ["--model-path", str(PAIR / "target"), "--device", "cpu",
-            "--speculative-algorithm", "BASTION",
-            "--speculative-draft-model-path", str(PAIR / "drafter"), *extra]  # fmt: skip
-    published = os.environ.get(ENV_PUBLISHED)
-    server_args = prepare_server_args(argv)
-    try:
-        server_args.resolve_once()  # publishes the options, as a launcher does
-    finally:
-        os.environ.pop(ENV_PUBLISHED, None)
-        if published is not None:
-            os.environ[ENV_PUBLISHED] = published
-    return resolving_view(server_args).attention_backend
+    return resolved_bastion_args(extra).attention_backend
 
 
 def test_sglangs_default_that_cannot_verify_trees_is_replaced_not_refused():

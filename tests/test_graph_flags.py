@@ -2,43 +2,26 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import pytest
+from resolution import resolved_bastion_args
 
 from calibration.cli import server_argv
 from calibration.grid import QUICK
-from sglang_bastion.options import ENV_PUBLISHED
 
 ROOT = Path(__file__).resolve().parent.parent
-PAIR = ROOT / "training" / "pair"
 CURRENT = ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
 DEPRECATED = ["--disable-cuda-graph"]
 
 
 def resolved_graph_backends(extra: list[str]) -> tuple[str, str]:
     """(decode, prefill) graph backends SGLang resolves for a CPU BASTION server with ``extra``."""
-    from sglang.srt.arg_groups.overrides import resolving_view
-    from sglang.srt.server_args import prepare_server_args
-
-    from sglang_bastion.plugin import register
-
-    register()
-    argv = ["--model-path", str(PAIR / "target"), "--device", "cpu",
-            "--speculative-algorithm", "BASTION", "--attention-backend", "bastion_cpu",
-            "--speculative-draft-model-path", str(PAIR / "drafter"), *extra]  # fmt: skip
-    published = os.environ.get(ENV_PUBLISHED)
-    server_args = prepare_server_args(argv)
-    try:
-        server_args.resolve_once()  # publishes the options, as a launcher does
-    finally:
-        os.environ.pop(ENV_PUBLISHED, None)
-        if published is not None:
-            os.environ[ENV_PUBLISHED] = published
-    graphs = resolving_view(server_args).cuda_graph_config
-    return str(graphs.decode.backend), str(graphs.prefill.backend)
+    graphs = resolved_bastion_args(["--attention-backend", "bastion_cpu", *extra])
+    return str(graphs.cuda_graph_config.decode.backend), str(
+        graphs.cuda_graph_config.prefill.backend
+    )
 
 
 @pytest.mark.parametrize("spelling", [CURRENT, DEPRECATED], ids=["current", "deprecated"])

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
+from resolution import resolved_bastion_args
 
 from sglang_bastion.memory import default_max_running_requests, step_buffer_bytes
-from sglang_bastion.options import ENV_PUBLISHED
 
-PAIR = Path(__file__).resolve().parent.parent / "training" / "pair"
 QWEN3_8B_VOCAB, DFLASH_B16_DEPTH = 151_936, 15
 GIB = 1 << 30
 
@@ -34,24 +30,9 @@ def test_an_unknown_device_memory_keeps_dflashs_default():
 
 def resolved_max_running(*extra: str) -> int:
     """The --max-running-requests SGLang resolves for a CPU BASTION server with ``extra``."""
-    from sglang.srt.arg_groups.overrides import resolving_view
-    from sglang.srt.server_args import prepare_server_args
-
-    from sglang_bastion.plugin import register
-
-    register()
-    argv = ["--model-path", str(PAIR / "target"), "--device", "cpu",
-            "--speculative-algorithm", "BASTION", "--attention-backend", "bastion_cpu",
-            "--speculative-draft-model-path", str(PAIR / "drafter"), *extra]  # fmt: skip
-    published = os.environ.get(ENV_PUBLISHED)
-    server_args = prepare_server_args(argv)
-    try:
-        server_args.resolve_once()  # publishes the options, as a launcher does
-    finally:
-        os.environ.pop(ENV_PUBLISHED, None)
-        if published is not None:
-            os.environ[ENV_PUBLISHED] = published
-    return int(resolving_view(server_args).max_running_requests)
+    return int(
+        resolved_bastion_args(["--attention-backend", "bastion_cpu", *extra]).max_running_requests
+    )
 
 
 def test_the_launcher_fills_the_default_and_keeps_a_given_value():
