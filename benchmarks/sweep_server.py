@@ -46,8 +46,12 @@ def running_server(
     log_path: Path,
     timeout_s: float = 600.0,
     launcher: Sequence[str] = LAUNCH_SERVER,
+    stop_grace_s: float = 20.0,
 ) -> Iterator[str]:
-    """A healthy server's base URL; its whole process group is stopped on exit, whatever happens."""
+    """A healthy server's base URL; its whole process group is stopped on exit, whatever happens.
+
+    ``stop_grace_s``: how long the group may take to exit after SIGTERM before SIGKILL.
+    """
     port = free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
@@ -64,7 +68,7 @@ def running_server(
         wait_healthy(url, proc, log_path, timeout_s)
         yield url
     finally:
-        stop_group(proc)
+        stop_group(proc, stop_grace_s)
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:

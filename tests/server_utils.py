@@ -28,6 +28,7 @@ CPU_ARGS = [
     "--max-total-tokens", "4096",
     "--mem-fraction-static", "0.1",
     "--skip-server-warmup",
+    "--sleep-on-idle",  # an idle scheduler otherwise spins a whole core; a module keeps several
 ]  # fmt: skip
 
 
@@ -59,9 +60,13 @@ def sglang_server(
     timeout_s: float = 480.0,
     launcher: Sequence[str] = LAUNCH_SERVER,
 ) -> Iterator[str]:
-    """A running CPU test server's base URL; its process group is stopped on exit."""
+    """A running CPU test server's base URL; its process group is killed on exit.
+
+    No grace period: SGLang's launcher answers a SIGTERM to its group with five seconds of
+    crash diagnostics, and a test server has nothing to flush.
+    """
     with running_server(
-        model, [*CPU_ARGS, *args], server_env(env), log_path, timeout_s, launcher
+        model, [*CPU_ARGS, *args], server_env(env), log_path, timeout_s, launcher, stop_grace_s=0
     ) as url:
         yield url
 
