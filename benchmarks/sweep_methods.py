@@ -85,21 +85,24 @@ def parse_methods(
         elif match := BASTION_PATTERN.fullmatch(name):
             args = speculative_args("BASTION", drafter, int(match.group(1)))
             methods.append(Method(name, args, {"SGLANG_BASTION_MODE": "fixed"}, "BASTION"))
-        elif adaptive := ADAPTIVE_PATTERN.fullmatch(name):
+        elif name == "bastion-surrogate" or (adaptive := ADAPTIVE_PATTERN.fullmatch(name)):
             if profile is None:
                 raise ValueError(f"method {name} needs --profile (a latency profile)")
             n_max = adaptive_max_nodes or max(fixed, default=32)
             # With a profile the worker's controller is adaptive (its default mode, or the
             # one named: static, ema, ema_calib).
             env = {"SGLANG_BASTION_PROFILE": str(profile)}
-            if mode := adaptive.group(1) or adaptive_mode:
+            if name == "bastion-surrogate":  # the paper's controller: A_hat as the drafter says
+                env["SGLANG_BASTION_LEARN_ACCEPTANCE"] = "0"
+            elif mode := adaptive.group(1) or adaptive_mode:
                 env["SGLANG_BASTION_MODE"] = mode
             args = speculative_args("BASTION", drafter, n_max)
             methods.append(Method(name, args, env, "BASTION"))
         else:
             raise ValueError(
                 f"unknown method {name!r}: use none, dflash, eagle3, bastion-<N>, "
-                f"bastion-adaptive or bastion-adaptive-<{'|'.join(COST_MODES)}>"
+                f"bastion-adaptive, bastion-adaptive-<{'|'.join(COST_MODES)}> or "
+                "bastion-surrogate"
             )
     return methods
 

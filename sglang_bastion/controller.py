@@ -36,6 +36,12 @@ measured: the period from one decode step's start to the next (when no prefill r
 them) minus the model's cycle for the step, an EMA per batch size. Leaving it out prices a
 larger tree as a larger share of the step than it is, and the controller undershoots.
 
+With ``learn_acceptance`` (the server's default in the adaptive modes) the worker hands each
+step its requests' acceptance calibration (``acceptance_scale``): trees are priced by A_cal,
+and a plain step (no draft, every request its root alone) is one of the options, chosen by
+the model until both kinds of step have measured rates at a similar batch size, then by the
+rates (`drafts_this_step`, `decide`).
+
 The adaptive widths come from a short ladder (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... and N):
 every distinct pass shape costs once (kernel primitives built on first use on CPU, one CUDA
 graph per width on GPU), and a width that changes every step would keep paying that.
@@ -50,6 +56,7 @@ from typing import Any
 
 import torch
 
+from sglang_bastion.acceptance_scale import calibrated_surrogate
 from sglang_bastion.budget import LatencyModel, ModelShape, ema_update, load_profile
 from sglang_bastion.budget.identity import device_name, worker_identity
 from sglang_bastion.options import BastionOptions
@@ -58,18 +65,51 @@ from sglang_bastion.tree.batch import TreeBatch
 logger = logging.getLogger(__name__)
 
 
-def per_request_sizes(trees: TreeBatch, cost_ms: torch.Tensor, ar_ms: float = 1.0) -> torch.Tensor:
-    """[B] tree sizes by the first-drop rule on S_hat(n) = A_hat(n) * L_AR / C(n)."""
+def per_request_sizes(
+    trees: TreeBatch, cost_ms: torch.Tensor, ar_ms: float = 1.0,
+    surrogate: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """[B] tree sizes by the first-drop rule on S_hat(n) = A_hat(n) * L_AR / C(n).
+
+    ``surrogate`` [B, N]: the A_hat to price with (default the trees' own).
+    """
     nodes = trees.max_nodes
     _check_costs(cost_ms, nodes, "cost_ms", "C(n) for n = 1..N tokens per request")
-    speedup = trees.surrogate() * ar_ms / cost_ms.to(trees.log_scores).unsqueeze(0)  # [B, N]
+    accepted = trees.surrogate() if surrogate is None else surrogate
+    speedup = accepted * ar_ms / cost_ms.to(trees.log_scores).unsqueeze(0)  # [B, N]
     return _first_drop(speedup).clamp(max=trees.num_nodes)
 
 
 def uniform_width(
-    trees: TreeBatch, cost_ms: torch.Tensor, widths: Sequence[int] | None = None
-) -> torch.Tensor:
-    """0-dim width W (from ``widths``, default 1..N) maximising sum_r A_hat_r(W) / C(W)."""
+    trees: TreeBatch, cost_ms: torch.Tensor, widths: Sequence[int] | None = None,
+    surrogate: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """0-dim width W (from ``widths``, default 1..N) maximising sum_r A_hat_r(W) / C(W).
+
+    ``surrogate`` [B, N]: the A_hat to price with (default the trees' own).
+    """
+    allowed, goodput = _goodput(trees, cost_ms, widths, surrogate)
+    best = goodput.argmax().view(1)  # the smallest width among equals
+    return allowed.index_select(0, best).squeeze(0)  # indexing by a 0-dim tensor reads it
+
+
+def uniform_choice(
+    trees: TreeBatch, cost_ms: torch.Tensor, widths: Sequence[int] | torch.Tensor | None,
+    surrogate: torch.Tensor | None, plain_ms: float,
+) -> torch.Tensor:  # fmt: skip
+    """[2] long: `uniform_width`'s W, and 1 when a plain step (one token per request at
+    ``plain_ms``, no draft) yields at least its goodput, else 0."""
+    allowed, goodput = _goodput(trees, cost_ms, widths, surrogate)
+    best = goodput.argmax().view(1)
+    plain = (goodput.index_select(0, best) <= trees.batch_size / plain_ms).to(allowed.dtype)
+    return torch.cat([allowed.index_select(0, best), plain])
+
+
+def _goodput(
+    trees: TreeBatch, cost_ms: torch.Tensor, widths: Sequence[int] | torch.Tensor | None,
+    surrogate: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """[widths] the allowed widths and their predicted goodput sum_r A_r(W) / C(W)."""
     nodes = trees.max_nodes
     _check_costs(cost_ms, nodes, "cost_ms", "C(W) for W = 1..N tokens per request")
     device = trees.log_scores.device
@@ -80,14 +120,19 @@ def uniform_width(
         if allowed.numel() == 0 or allowed[0] < 1 or allowed[-1] > nodes:
             raise ValueError(f"widths must be non-empty and within [1, {nodes}], got {widths}")
         allowed = allowed.to(device)
-    goodput = trees.surrogate()[:, allowed - 1].sum(dim=0) / cost_ms.to(device)[allowed - 1]
-    best = goodput.argmax().view(1)  # the smallest width among equals
-    return allowed.index_select(0, best).squeeze(0)  # indexing by a 0-dim tensor reads it
+    accepted = trees.surrogate() if surrogate is None else surrogate  # [B, N]
+    return allowed, accepted[:, allowed - 1].sum(dim=0) / cost_ms.to(device)[allowed - 1]
 
 
 def read_width(width: torch.Tensor) -> int:
     """The step's one host read of a device value: the verify width the controller chose."""
     return int(width)
+
+
+def read_choice(choice: torch.Tensor) -> tuple[int, bool]:
+    """The step's one host read when it may step plainly: (width, whether plain pays more)."""
+    width, plain = choice.tolist()
+    return int(width), bool(plain)
 
 
 def fixed_sizes(trees: TreeBatch, budget: int) -> torch.Tensor:
@@ -128,6 +173,8 @@ class Decision:
     predicted_verify_ms: float | None  # the model's T_verify at W (None in fixed mode)
     predicted_cycle_ms: float | None  # T_aux + T_verify at W, plus the overhead below
     overhead_ms: float = 0.0  # the measured per-step overhead included in the cycle
+    plain: bool = False  # every request verifies its root alone: no speculation this step
+    drafted: bool = True  # the step ran the draft pass (False: a plain step, no draft at all)
 
 
 @dataclass
@@ -145,10 +192,24 @@ class Controller:
     widths: tuple[int, ...] = ()  # allowed verify widths; () means width_ladder(max_nodes)
     measure_overhead: bool = False  # add the measured per-step time the model leaves out
     overhead_ms: dict[int, float] = field(default_factory=dict)  # batch size -> EMA, ms
+    plain_overhead_ms: dict[int, float] = field(default_factory=dict)  # the same, plain steps
     _verify_cache: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)
     _seen_shapes: set[tuple[int, int]] = field(default_factory=set, repr=False)  # (B, W) timed
     _device_cache: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
     _device_widths: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    # Learning what is accepted (adaptive modes): the worker passes each step's calibration
+    # scales, and a plain step (no draft, the root alone) is an option of every decision.
+    learn_acceptance: bool = False
+    max_backoff: int = 8  # at most this many plain steps between two drafted probes
+    plain_left: int = 0  # plain steps still to run before the next drafted probe
+    backoff: int = 0  # plain steps the last probe that chose plain scheduled
+    rate_alpha: float = 0.3  # EMA weight of the newest measured rate
+    plain_every: int = 64  # speculative steps between two plain steps that measure plain rate
+    spec_rate: dict[int, float] = field(default_factory=dict)  # batch size -> tokens/request/ms
+    plain_rate: dict[int, float] = field(default_factory=dict)  # the same, plain steps
+    _probed: bool = field(default=False, repr=False)  # the last probe speculated: judge it next
+    _last_spec_rate: float | None = field(default=None, repr=False)
+    _since_plain: int = field(default=0, repr=False)  # drafted steps since the last plain one
 
     def __post_init__(self) -> None:
         """Refuse an adaptive mode without a latency model; settle the width ladder."""
@@ -176,6 +237,7 @@ class Controller:
         budget = cls(
             mode=mode, max_nodes=max_nodes, layout=options.layout, model=model,
             ema_alpha=options.ema_alpha, measure_overhead=measure, widths=options.widths,
+            learn_acceptance=options.learn_acceptance,
         )  # fmt: skip
         measured = max(p.tokens_per_request for p in profile.grid)
         if unmeasured := unmeasured_widths(budget.widths, measured):
@@ -197,6 +259,7 @@ class Controller:
             "widths": list(self.widths) if adaptive else None,
             "profile": profile if adaptive else None,
             "measure_overhead": self.measure_overhead,
+            "learn_acceptance": self.learns_acceptance,
         }
         if adaptive:
             summary["hardware"] = self.model.hardware.name
@@ -207,8 +270,44 @@ class Controller:
             }
         return summary
 
-    def decide(self, trees: TreeBatch, context_lens: torch.Tensor) -> Decision:
-        """Sizes and width for this step's trees at the batch's size and contexts."""
+    @property
+    def learns_acceptance(self) -> bool:
+        """Whether decisions price calibrated acceptance and may fall back to plain steps."""
+        return self.learn_acceptance and self.model is not None
+
+    def drafts_this_step(self, batch: int) -> bool:
+        """Whether the coming decode step of ``batch`` requests drafts; False: a plain step.
+
+        Plain steps run while speculation does not pay (see `decide`), and, when the step
+        rates are measured, once every ``plain_every`` speculative steps (after 4 while no
+        plain step of a similar batch size was measured): the plain rate speculation must
+        beat is measured, not assumed.
+        """
+        if self.plain_left > 0:
+            self.plain_left -= 1
+            return False
+        if self.learns_acceptance and self.measure_overhead:
+            self._since_plain += 1
+            due = 4 if _near(self.plain_rate, batch) is None else self.plain_every
+            if self._since_plain > due:
+                self._since_plain = 0
+                return False
+        return True
+
+    def requests_joined(self) -> None:
+        """New requests are in the batch: the next decode step drafts and decides afresh."""
+        self.plain_left = 0
+
+    def decide(
+        self, trees: TreeBatch, context_lens: torch.Tensor, scale: torch.Tensor | None = None
+    ) -> Decision:
+        """Sizes and width for this step's trees at the batch's size and contexts.
+
+        ``scale`` [B]: each request's acceptance calibration (``acceptance_scale``); the
+        trees are priced by A_cal instead of A_hat, and when no width beats a plain step the
+        decision is plain and the next drafted probe waits (1, 2, 4, up to ``max_backoff``
+        plain steps while probes keep choosing plain).
+        """
         if self.mode == "fixed":
             sizes = fixed_sizes(trees, self.max_nodes)
             # The width is static (no host sync): slots past a smaller tree are padding.
@@ -219,15 +318,91 @@ class Controller:
         cost = self.cost_vector_ms(batch, context) + overhead  # [N] on the host
         device = trees.log_scores.device
         priced = cost if device.type == "cpu" else self._priced_on(device, batch, context, overhead)
+        accepted = None if scale is None else calibrated_surrogate(trees, scale)  # [B, N]
+        learning = self.learns_acceptance
+        plain_ms = self._plain_ms(cost, batch) if learning else 0.0
+        model_plain = False  # whether the model prices a plain step above every tree
         if self.layout == "ragged":
-            sizes = per_request_sizes(trees, priced, self.model.ar_ms(batch))
-            largest = read_width(sizes.max())
+            sizes = per_request_sizes(trees, priced, self.model.ar_ms(batch), accepted)
+            largest = sizes.max()
+            if learning:
+                gains = trees.surrogate() if accepted is None else accepted  # [B, N]
+                emitted = gains.gather(1, (sizes - 1).unsqueeze(1)).sum()
+                loses = emitted / priced.to(device)[largest - 1] <= batch / plain_ms
+                largest, model_plain = read_choice(torch.stack([largest, loses.to(largest)]))
+            else:
+                largest = read_width(largest)
             width = next((w for w in self.widths if w >= largest), self.widths[-1])
         else:
-            width = read_width(uniform_width(trees, priced, self._widths_on(device)))
+            allowed = self._widths_on(device)
+            if learning:
+                choice = uniform_choice(trees, priced, allowed, accepted, plain_ms)
+                width, model_plain = read_choice(choice)
+            else:
+                width = read_width(uniform_width(trees, priced, allowed, accepted))
             sizes = trees.num_nodes.clamp(max=width)
+        plain = learning and self._steps_plainly(model_plain, batch)
+        if plain:  # this step drafted already: what it costs is the width-1 cycle
+            sizes, width = sizes.new_ones(batch), 1
         cycle = float(cost[width - 1])
-        return Decision(sizes, width, cycle - overhead - self.model.aux_ms(batch), cycle, overhead)
+        verify_ms = cycle - overhead - self.model.aux_ms(batch)
+        return Decision(sizes, width, verify_ms, cycle, overhead, plain=plain)
+
+    def _steps_plainly(self, model_plain: bool, batch: int) -> bool:
+        """Whether this drafted step verifies roots alone; schedules plain steps and probes.
+
+        Coming back from plain steps, the first drafted step speculates (a probe: what do
+        trees yield now?) and the next one judges it, unless the model prices a plain step
+        higher and speculation has been measured here already. Otherwise a step goes plain when the
+        measured rates say a plain step emits more per millisecond than a speculative one at
+        this batch size, or, before both are measured, when the model says so. Each plain
+        decision doubles the plain wait (up to ``max_backoff``); speculating ends it.
+        """
+        waiting, measured = self.backoff > 0, _near(self.spec_rate, batch) is not None
+        if waiting and not self._probed and not (model_plain and measured):
+            self._probed = True
+            return False
+        loses = self._measured_loses(batch, judged=self._probed)
+        if not (model_plain if loses is None else loses):
+            self.backoff, self._probed = 0, False
+            return False
+        self.backoff = min(max(1, 2 * self.backoff), self.max_backoff)
+        self.plain_left, self._probed = self.backoff, False
+        return True
+
+    def _measured_loses(self, batch: int, judged: bool) -> bool | None:
+        """Whether speculation emitted less per ms than plain steps (None: not measured).
+
+        ``judged``: compare the last speculative step alone (the probe), not the average.
+        """
+        plain = _near(self.plain_rate, batch)
+        spec = self._last_spec_rate if judged else _near(self.spec_rate, batch)
+        if plain is None or spec is None:
+            return None
+        return spec < plain
+
+    def plain_decision(
+        self, batch: int, context_lens: torch.Tensor, device: torch.device
+    ) -> Decision:
+        """A plain step's decision: every request verifies its root alone, nothing drafted."""
+        context = float(context_lens.float().mean())
+        cost = self.cost_vector_ms(batch, context)
+        overhead = self.plain_overhead_at(batch)
+        cycle = float(cost[0]) - self.model.aux_ms(batch) + overhead
+        sizes = torch.ones(batch, dtype=torch.long, device=device)  # [B]
+        return Decision(sizes, 1, cycle - overhead, cycle, overhead, plain=True, drafted=False)
+
+    def _plain_ms(self, cost: torch.Tensor, batch: int) -> float:
+        """A plain step's predicted cycle (``cost``: the drafted cycles, overhead included)."""
+        drafted = float(cost[0]) - self.step_overhead_ms(batch) - self.model.aux_ms(batch)
+        return drafted + self.plain_overhead_at(batch)
+
+    def plain_overhead_at(self, batch: int) -> float:
+        """Measured time a plain step spends beyond its verify: this batch size's, else the
+        nearest, else what drafted steps spend beyond the model's cycle."""
+        if self.plain_overhead_ms:
+            return _nearest(self.plain_overhead_ms, batch, 0.0)
+        return self.step_overhead_ms(batch)
 
     def cost_vector_ms(self, batch: int, context: float) -> torch.Tensor:
         """[N] float64: predicted cycle ms for 1..N tokens per request (cached verify terms)."""
@@ -273,16 +448,35 @@ class Controller:
         """Measured per-step time beyond the model's cycle: this batch size's, else the nearest."""
         return _nearest(self.overhead_ms, batch, 0.0)
 
-    def observe_period(self, decision: Decision, batch: int, period_ms: float) -> None:
-        """Fold one decode step's period (its start to the next step's start) into the overhead."""
+    def observe_period(
+        self, decision: Decision, batch: int, period_ms: float, emitted: float | None = None
+    ) -> None:
+        """Fold one decode step's period (its start to the next step's start) into the overhead.
+
+        Drafted and plain steps keep separate overheads: what a drafted step spends beyond
+        the model's cycle includes the draft pass's mispricing, which a plain step never pays.
+        ``emitted``: the step's mean tokens per request, when known, for the measured rates
+        that decide between plain and speculative steps.
+        """
         if not self.measure_overhead or decision.predicted_cycle_ms is None:
             return
-        old = self.overhead_ms.get(batch)
+        table = self.overhead_ms if decision.drafted else self.plain_overhead_ms
+        old = table.get(batch)
         if period_ms <= 0 or (old is not None and period_ms > 4 * decision.predicted_cycle_ms):
             return  # a stall (GC, a paused client) once the batch size has an estimate
         model_cycle = decision.predicted_cycle_ms - decision.overhead_ms
         sample = max(period_ms - model_cycle, -0.5 * model_cycle)
-        self.overhead_ms[batch] = sample if old is None else old + self.ema_alpha * (sample - old)
+        table[batch] = sample if old is None else old + self.ema_alpha * (sample - old)
+        if not decision.drafted:
+            self._fold_rate(self.plain_rate, batch, 1.0 / period_ms)
+        elif not decision.plain and emitted is not None:
+            self._last_spec_rate = emitted / period_ms
+            self._fold_rate(self.spec_rate, batch, self._last_spec_rate)
+
+    def _fold_rate(self, table: dict[int, float], batch: int, rate: float) -> None:
+        """EMA of a measured rate (tokens per request per ms) at one batch size."""
+        old = table.get(batch)
+        table[batch] = rate if old is None else old + self.rate_alpha * (rate - old)
 
     def observe(self, decision: Decision, verify_ms: float) -> None:
         """Fold an observed verify time into its batch size's gamma (ema modes; else counted).
@@ -315,13 +509,22 @@ class Controller:
         return self.mode in ("ema", "ema_calib")
 
 
-def _nearest(table: dict[int, float], batch: int, default: float) -> float:
+def _nearest(table: dict[int, float], batch: int, default: float | None) -> float | None:
     """The table's value at this batch size, else at the nearest (the smaller on ties)."""
     if batch in table:
         return table[batch]
     if not table:
         return default
     return table[min(table, key=lambda b: (abs(b - batch), b))]
+
+
+def _near(table: dict[int, float], batch: int) -> float | None:
+    """`_nearest`, but only from a batch size within a factor of two of ``batch``."""
+    value = _nearest(table, batch, None)
+    if value is None:
+        return None
+    nearest = min(table, key=lambda b: (abs(b - batch), b))
+    return value if batch / 2 <= nearest <= 2 * batch else None
 
 
 def unmeasured_widths(widths: tuple[int, ...], measured_up_to: int) -> list[int]:

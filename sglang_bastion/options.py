@@ -21,6 +21,7 @@ ENV_LAYOUT = "SGLANG_BASTION_LAYOUT"
 ENV_WIDTHS = "SGLANG_BASTION_WIDTHS"
 ENV_EMA_ALPHA = "SGLANG_BASTION_EMA_ALPHA"
 ENV_MEASURE_OVERHEAD = "SGLANG_BASTION_MEASURE_OVERHEAD"
+ENV_LEARN_ACCEPTANCE = "SGLANG_BASTION_LEARN_ACCEPTANCE"
 ENV_TRACE = "SGLANG_BASTION_TRACE"
 ENV_TRACE_STEPS = "SGLANG_BASTION_TRACE_STEPS"
 ENV_DISABLE_KERNELS = "SGLANG_BASTION_DISABLE_KERNELS"
@@ -45,6 +46,7 @@ class BastionOptions:
     widths: tuple[int, ...] = ()  # verify widths the adaptive modes may pick; () = the ladder
     ema_alpha: float = 0.1  # weight of the newest observed/predicted ratio (ema modes)
     measure_overhead: bool = True  # price the measured per-step time the profile leaves out
+    learn_acceptance: bool = True  # calibrate A_hat online; plain steps when trees do not pay
     trace: str | None = None  # JSONL file the worker appends one record per step to
     trace_steps: int = 5000  # at most this many steps are traced
     kernels: bool = True  # False: every op runs its torch reference (debugging, A/B timing)
@@ -66,6 +68,7 @@ class BastionOptions:
             widths=_int_list_env(ENV_WIDTHS),
             ema_alpha=_float_env(ENV_EMA_ALPHA, cls.ema_alpha),
             measure_overhead=_bool_env(ENV_MEASURE_OVERHEAD, cls.measure_overhead),
+            learn_acceptance=_bool_env(ENV_LEARN_ACCEPTANCE, cls.learn_acceptance),
             trace=os.environ.get(ENV_TRACE) or None,
             trace_steps=_int_env(ENV_TRACE_STEPS, cls.trace_steps),
             kernels=not _bool_env(ENV_DISABLE_KERNELS, False),

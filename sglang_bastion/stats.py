@@ -17,6 +17,7 @@ class BastionStats:
     """Cumulative counts since the server started (read deltas for a window)."""
 
     steps: int = 0  # decode steps
+    plain_steps: int = 0  # decode steps that drafted nothing: every request its root alone
     request_steps: int = 0  # sum over steps of requests in the batch
     verify_tokens: int = 0  # sum over steps of batch size x verify width
     timed_steps: int = 0  # steps with an observed verify time
@@ -25,19 +26,25 @@ class BastionStats:
     last: dict[str, Any] = field(default_factory=dict)  # the latest step's decision
     _tree_nodes: torch.Tensor | None = None  # 0-dim: sum of verified tree sizes
     _accepted: torch.Tensor | None = None  # 0-dim: accepted drafts + bonus, summed
+    _root_only: torch.Tensor | None = None  # 0-dim: request-steps that verified the root alone
 
     def add_step(
-        self, sizes: torch.Tensor, accept_lens: torch.Tensor, width: int, predicted: float | None
-    ) -> None:
+        self, sizes: torch.Tensor, accept_lens: torch.Tensor, width: int, predicted: float | None,
+        plain: bool = False,
+    ) -> None:  # fmt: skip
         """Count one step: its tree sizes [B], acceptance lengths [B] and verify width."""
         batch = int(sizes.shape[0])
-        nodes, accepted = sizes.sum(), accept_lens.sum()
+        nodes, accepted, root_only = sizes.sum(), accept_lens.sum(), (sizes == 1).sum()
         self._tree_nodes = nodes if self._tree_nodes is None else self._tree_nodes + nodes
         self._accepted = accepted if self._accepted is None else self._accepted + accepted
+        self._root_only = root_only if self._root_only is None else self._root_only + root_only
         self.steps += 1
+        self.plain_steps += int(plain)
         self.request_steps += batch
         self.verify_tokens += batch * width
-        self.last = {"batch_size": batch, "width": width, "predicted_verify_ms": predicted}
+        self.last = {
+            "batch_size": batch, "width": width, "predicted_verify_ms": predicted, "plain": plain
+        }  # fmt: skip
 
     def add_timing(self, predicted_ms: float | None, observed_ms: float) -> None:
         """Count an observed verify time beside the model's prediction."""
@@ -51,9 +58,12 @@ class BastionStats:
         """Counters and derived means as plain JSON values."""
         nodes = int(self._tree_nodes) if self._tree_nodes is not None else 0
         accepted = int(self._accepted) if self._accepted is not None else 0
+        root_only = int(self._root_only) if self._root_only is not None else 0
         per_request = max(self.request_steps, 1)
         return {
             "steps": self.steps,
+            "plain_steps": self.plain_steps,
+            "root_only_request_steps": root_only,
             "request_steps": self.request_steps,
             "tree_nodes": nodes,
             "accepted_tokens": accepted,

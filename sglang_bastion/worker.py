@@ -62,8 +62,18 @@ from sglang.srt.speculative.draft_worker_common import (
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
+from sglang_bastion.acceptance_scale import (
+    AcceptanceScale,
+    new_acceptance_scale,
+    observe,
+    request_kinds,
+    scales,
+    start_requests,
+    step_evidence,
+)
 from sglang_bastion.controller import Controller, Decision
 from sglang_bastion.kernels import draft_head_topk, merge_shard_top_k, shard_top_k
+from sglang_bastion.late_read import LateRead
 from sglang_bastion.node_sampling import (
     commit_emitted,
     penalize_tree_logits,
@@ -132,6 +142,9 @@ class BastionWorker(DFlashWorkerV2):
         self.max_nodes = min(self.options.max_nodes or self.window, self.window)
         self.top_k = self.options.top_k
         self.controller = Controller.for_worker(self, self.options, self.max_nodes)
+        # Per request slot: what was predicted and accepted (made at the first prefill, once
+        # SGLang has sized the request pool).
+        self.acceptance: AcceptanceScale | None = None
         self.stats = BastionStats()
         if torch.device(self.device).type == "cuda":  # Triton compiles here, not in a step
             warm_tree_ops(
@@ -141,6 +154,7 @@ class BastionWorker(DFlashWorkerV2):
             )  # fmt: skip
         # (start, decision, batch size) of the last decode step, while no prefill has run since
         self._period: tuple[float, Decision, int] | None = None
+        self._emitted: LateRead | None = None  # that step's mean tokens per request
         self.profile_info = self.controller.summary(self.options.profile)
         self.trace = None
         if self.options.trace and get_parallel().tp_rank == 0:  # ranks step in lockstep
@@ -155,9 +169,19 @@ class BastionWorker(DFlashWorkerV2):
 
     def bastion_state(self) -> dict[str, Any]:
         """The controller's identity and running averages (SGLang's /server_info)."""
-        overhead = {str(b): round(ms, 3) for b, ms in sorted(self.controller.overhead_ms.items())}
-        gamma = {str(b): round(g, 4) for b, g in sorted(self.controller.gamma.items())}
-        controller = {**self.profile_info, "gamma": gamma, "overhead_ms": overhead}
+
+        def by_batch(table: dict[int, float], digits: int, scale: float = 1.0) -> dict:
+            return {str(b): round(value * scale, digits) for b, value in sorted(table.items())}
+
+        controller = {
+            **self.profile_info,
+            "gamma": by_batch(self.controller.gamma, 4),
+            "overhead_ms": by_batch(self.controller.overhead_ms, 3),
+            "plain_overhead_ms": by_batch(self.controller.plain_overhead_ms, 3),
+            # measured tokens per request per second: speculative and plain steps
+            "speculative_rate": by_batch(self.controller.spec_rate, 2, 1e3),
+            "plain_rate": by_batch(self.controller.plain_rate, 2, 1e3),
+        }
         return {"controller": controller, "top_k": self.top_k, **self.stats.as_dict()}
 
     def _maybe_build_draft_sampler(self, *args: Any, **kwargs: Any) -> None:
@@ -180,6 +204,13 @@ class BastionWorker(DFlashWorkerV2):
             )  # fmt: skip
             first = result.next_token_ids.view(-1, 1)  # [bs, 1]: each request's first token
             self._commit_penalties(batch, first, torch.ones_like(first[:, 0]))
+            if self.controller.learns_acceptance:
+                if self.acceptance is None:
+                    slots = self.model_runner.req_to_token_pool.req_to_token.shape[0]
+                    self.acceptance = new_acceptance_scale(int(slots), self.device)
+                kinds = request_kinds(batch.sampling_info, len(first), first.device)
+                start_requests(self.acceptance, batch.req_pool_indices, kinds)
+                self.controller.requests_joined()
             return result
         if batch.forward_mode.is_idle() or batch.spec_info is None:
             self._period = None
@@ -211,17 +242,30 @@ class BastionWorker(DFlashWorkerV2):
         window = req_to_token[batch.req_pool_indices.unsqueeze(1), prefix.unsqueeze(1) + slots]
         step = DecodeStep(window.to(torch.int64), prefix, prefix_cpu)
 
-        top_q, top_ids = self._draft_marginals(batch, draft_input, step)
-        trees = build_trees_from_top_k(
-            top_q, top_ids, draft_input.bonus_tokens.to(torch.long), max_nodes=self.max_nodes,
-            kernels=self.options.kernels,
-        )  # fmt: skip
+        drafts = self.controller.drafts_this_step(bs)
+        roots = draft_input.bonus_tokens.to(torch.long)  # [bs]
+        if drafts:
+            top_q, top_ids = self._draft_marginals(batch, draft_input, step)
+            whole = build_trees_from_top_k(
+                top_q, top_ids, roots, max_nodes=self.max_nodes, kernels=self.options.kernels
+            )
+        else:  # a plain step: the root alone, no draft pass
+            top_q = top_ids = torch.empty(bs, 0, self.top_k, device=roots.device)
+            whole = TreeBatch.roots(roots)
         if self._period is not None:  # the previous decode step's full period ends here
             last_start, last_decision, last_bs = self._period
-            self.controller.observe_period(last_decision, last_bs, (started - last_start) * 1e3)
-        decision = self.controller.decide(trees, prefix_cpu)  # host copy of the contexts: no sync
+            period_ms = (started - last_start) * 1e3
+            emitted = self._emitted.value() if self._emitted is not None else None
+            self.controller.observe_period(last_decision, last_bs, period_ms, emitted)
+        if not drafts:
+            decision = self.controller.plain_decision(bs, prefix_cpu, roots.device)
+        else:  # the host copy of the contexts: no sync
+            scale = None
+            if self.acceptance is not None:
+                scale = scales(self.acceptance, batch.req_pool_indices)
+            decision = self.controller.decide(whole, prefix_cpu, scale)
         self._period = (started, decision, bs)
-        trees = trees.truncate(decision.sizes).narrow(decision.width)
+        trees = whole.truncate(decision.sizes).narrow(decision.width)
         width = decision.width
         listener = self.verify_listener
         watched = self.trace is not None or listener is not None
@@ -239,13 +283,20 @@ class BastionWorker(DFlashWorkerV2):
         if on_publish is not None:  # overlap: the next step's lengths, as early as known
             on_publish(new_seq_lens)
         self._write_draft_features(batch, verified.hidden, step, path, accept_lens)
+        if self.controller.learns_acceptance:  # tokens per request, read next step or later
+            self._emitted = LateRead(accept_lens.float().mean())
+        if drafts and self.acceptance is not None:  # what this step's drafts were worth
+            predicted, realised = step_evidence(
+                whole, decision.sizes, accept_lens, target_tokens[:, 0]
+            )
+            kinds = request_kinds(batch.sampling_info, bs, roots.device)
+            observe(self.acceptance, batch.req_pool_indices, kinds, predicted, realised)
 
         out_tokens = target_tokens.gather(1, path.clamp(min=0))  # [bs, D+1]: emitted run first
         self._commit_penalties(batch, out_tokens, accept_lens)
         self._account(decision, accept_lens, verify_ms)
         if self.trace is not None and self.trace.active:
             cycle_ms = (self._now(True) - started) * 1e3
-            roots = trees.token_ids[:, 0]
             draft = (top_q, top_ids, roots, prefix_cpu)
             timing = {"started_s": started, "verify_ms": verify_ms, "cycle_ms": cycle_ms}
             self._record(batch, draft, decision, out_tokens, accept_lens, timing)
@@ -273,8 +324,9 @@ class BastionWorker(DFlashWorkerV2):
     ) -> None:
         """Update the running stats and the controller's EMA; log the step at debug level."""
         self.stats.add_step(
-            decision.sizes, accept_lens, decision.width, decision.predicted_verify_ms
-        )
+            decision.sizes, accept_lens, decision.width, decision.predicted_verify_ms,
+            decision.plain,
+        )  # fmt: skip
         if verify_ms is None:
             return
         self.stats.add_timing(decision.predicted_verify_ms, verify_ms)

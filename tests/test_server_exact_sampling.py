@@ -217,6 +217,28 @@ def test_sampled_output_under_a_penalty_follows_the_plain_servers_distribution(
     assert homogeneity(plain_samples[0], served) > 1e-3, (plain_samples[0], served)
 
 
+def bastion_state(url: str) -> dict:
+    """The server's BASTION counters and controller state (/server_info)."""
+    return requests.get(f"{url}/server_info", timeout=60).json()["internal_states"][0]["bastion"]
+
+
+def test_sampling_that_accepts_little_falls_back_to_plain_steps(adaptive_url, plain_url):
+    # At temperature 1 this target rarely draws the drafter's tokens: trees do not pay.
+    before = bastion_state(adaptive_url)
+    body = {
+        "text": PROMPTS * 3,
+        "sampling_params": {"max_new_tokens": 48, "temperature": 1.0, "ignore_eos": True},
+    }
+    replies = requests.post(f"{adaptive_url}/generate", json=body, timeout=600).json()
+    assert all(len(r["output_ids"]) == 48 for r in replies)
+    after = bastion_state(adaptive_url)
+    steps = after["steps"] - before["steps"]
+    assert after["controller"]["learn_acceptance"] is True
+    assert after["plain_steps"] - before["plain_steps"] > steps / 2, (before, after)
+    # and greedy requests after it still get the plain server's output
+    assert complete(adaptive_url, PROMPTS[0], LENGTH) == complete(plain_url, PROMPTS[0], LENGTH)
+
+
 KILLERS = {
     "empty prompt": ({"text": ""}, "prompt is empty"),
     "id at the vocabulary size": ({"input_ids": [202, 4096]}, "outside the vocabulary"),

@@ -41,7 +41,10 @@ def urls(tmp_path_factory):
     logs = tmp_path_factory.mktemp("pair_b16")
     measured_on = json.loads(PROFILE.read_text())["hardware"]["device_name"]
     here = measured_on == device_name(torch.device("cpu"))
-    env = {**ENV, "SGLANG_BASTION_PROFILE": str(PROFILE)} if here else ENV
+    # The paper's surrogate controller (no plain fallback): the pair's drafts are verified
+    # and judged, even where this CPU would decode faster without them.
+    adaptive = {"SGLANG_BASTION_PROFILE": str(PROFILE), "SGLANG_BASTION_LEARN_ACCEPTANCE": "0"}
+    env = {**ENV, **adaptive} if here else ENV
     args = [*BACKEND, *bastion_args(PAIR / "drafter", 32)]
     with (
         sglang_server(PAIR / "target", BACKEND, logs / "plain.log", env=ENV) as plain,

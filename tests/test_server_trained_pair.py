@@ -195,9 +195,13 @@ def adaptive_url(tmp_path_factory, profile):
 
 @pytest.fixture(scope="module")
 def profile_only_url(tmp_path_factory, profile):
-    """Adaptive BASTION priced by the profile alone (no measured step overhead)."""
+    """Adaptive BASTION priced by the profile alone (no measured step overhead, the drafter's
+    A_hat as it is: the paper's surrogate controller)."""
     log = tmp_path_factory.mktemp("logs") / "profile-only.log"
-    env = {**ENV, "SGLANG_BASTION_PROFILE": str(profile), "SGLANG_BASTION_MEASURE_OVERHEAD": "0"}
+    env = {
+        **ENV, "SGLANG_BASTION_PROFILE": str(profile), "SGLANG_BASTION_MEASURE_OVERHEAD": "0",
+        "SGLANG_BASTION_LEARN_ACCEPTANCE": "0",
+    }  # fmt: skip
     args = [*BACKEND, *bastion_args(PAIR / "drafter", 64)]
     with sglang_server(PAIR / "target", args, log, env=env) as url:
         yield url

@@ -82,6 +82,15 @@ def test_an_adaptive_method_suffix_names_its_own_mode_beside_the_default() -> No
     assert static.env["SGLANG_BASTION_MODE"] == "static"
 
 
+def test_the_surrogate_method_is_the_adaptive_controller_that_does_not_learn() -> None:
+    adaptive, surrogate = parse_methods(
+        ["bastion-adaptive", "bastion-surrogate"], DRAFTER, None, Path("p.json")
+    )
+    assert "SGLANG_BASTION_LEARN_ACCEPTANCE" not in adaptive.env
+    assert surrogate.env == {**adaptive.env, "SGLANG_BASTION_LEARN_ACCEPTANCE": "0"}
+    assert surrogate.args == adaptive.args
+
+
 def test_medians_label_a_suffixed_adaptive_method_by_its_mode() -> None:
     cell = adaptive_cell(4, 1.0, 64, overhead=False)
     cell["method"] = "bastion-adaptive-ema_calib"

@@ -32,6 +32,17 @@ class TreeBatch:
         """Slots per request N."""
         return self.token_ids.shape[1]
 
+    @classmethod
+    def roots(cls, root_tokens: torch.Tensor) -> TreeBatch:
+        """B trees of their root alone (a plain step): the committed bonus tokens [B]."""
+        tokens = root_tokens.to(torch.long).view(-1, 1)  # [B, 1]
+        zeros = torch.zeros_like(tokens)
+        return cls(
+            token_ids=tokens, parents=zeros - 1, depths=zeros,
+            log_scores=torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device),
+            num_nodes=torch.ones(tokens.shape[0], dtype=torch.long, device=tokens.device),
+        )  # fmt: skip
+
     def real_mask(self) -> torch.Tensor:
         """[B, N] bool: True for real nodes, False for padding."""
         slots = torch.arange(self.max_nodes, device=self.token_ids.device)

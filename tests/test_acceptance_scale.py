@@ -1,0 +1,210 @@
+"""Online acceptance calibration: the controller learns what the target really accepts."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from test_controller_state import model, trees
+
+from sglang_bastion.acceptance_scale import (
+    GREEDY,
+    MAX_SCALE,
+    SAMPLED,
+    calibrated_surrogate,
+    new_acceptance_scale,
+    observe,
+    scales,
+    start_requests,
+    step_evidence,
+)
+from sglang_bastion.controller import Controller
+from sglang_bastion.tree import TreeBatch
+
+
+def slots(*indices: int) -> torch.Tensor:
+    """Request slots as SGLang's req_pool_indices carry them."""
+    return torch.tensor(indices, dtype=torch.long)
+
+
+def test_a_fresh_calibration_trusts_the_drafter():
+    state = new_acceptance_scale(8, "cpu")
+    assert scales(state, slots(0, 3, 7)).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_the_scale_is_realised_over_predicted_drafts_up_to_its_cap():
+    state = new_acceptance_scale(4, "cpu", decay=0.5, prior=1.0)
+    kinds = torch.tensor([GREEDY, GREEDY, GREEDY])
+    for _ in range(12):  # a quarter of the predicted drafts, twice as many, ten times as many
+        observe(
+            state, slots(1, 2, 3), kinds, torch.tensor([4.0, 2.0, 0.5]),
+            torch.tensor([1.0, 4.0, 5.0]),
+        )  # fmt: skip
+    got = scales(state, slots(1, 2, 3)).tolist()
+    assert got == pytest.approx([0.25, 2.0, MAX_SCALE], abs=1e-3)
+
+
+def test_observing_a_batch_leaves_the_other_requests_alone():
+    state = new_acceptance_scale(4, "cpu")
+    observe(state, slots(2), torch.tensor([SAMPLED]), torch.tensor([3.0]), torch.tensor([0.0]))
+    assert scales(state, slots(0, 1, 3)).tolist() == [1.0, 1.0, 1.0]
+    assert float(scales(state, slots(2))[0]) < 1.0
+
+
+def test_the_calibrated_surrogate_is_the_root_alone_at_scale_zero():
+    batch = trees(2)
+    flat = calibrated_surrogate(batch, torch.tensor([0.0, 1.0]))
+    assert torch.equal(flat[0], torch.ones_like(flat[0]))
+    assert torch.allclose(flat[1], batch.surrogate()[1])
+
+
+def test_the_calibrated_surrogate_stays_concave_and_non_decreasing():
+    batch = trees(4)
+    cal = calibrated_surrogate(batch, torch.tensor([0.1, 0.7, 1.5, MAX_SCALE]))
+    gains = cal.diff(dim=1)  # [B, N-1]
+    assert bool((gains >= -1e-6).all()) and bool((gains.diff(dim=1) <= 1e-6).all())
+
+
+def test_the_calibrated_surrogate_never_exceeds_what_the_tree_could_accept():
+    batch = trees(2, nodes=16)
+    cal = calibrated_surrogate(batch, torch.tensor([MAX_SCALE, MAX_SCALE]))
+    deepest = batch.depths.max(dim=1).values + 1  # [B]
+    assert bool((cal <= deepest.unsqueeze(1)).all())
+
+
+def test_a_drafted_step_is_judged_by_its_accepted_drafts_against_a_hat():
+    batch = trees(2, nodes=16)
+    sizes, accept_lens = torch.tensor([8, 16]), torch.tensor([3, 1])
+    predicted, realised = step_evidence(batch, sizes, accept_lens, torch.tensor([-1, -1]))
+    want = batch.surrogate()[torch.arange(2), sizes - 1] - 1
+    assert torch.allclose(predicted, want.float()) and realised.tolist() == [2.0, 0.0]
+
+
+def test_a_root_only_step_is_judged_at_depth_one():
+    batch = trees(2, nodes=16)
+    children = (batch.depths == 1) & batch.real_mask()  # [B, N]
+    hit = int(batch.token_ids[0][children[0]][0])  # a child of the first root
+    miss = 63 if 63 not in batch.token_ids[1][children[1]].tolist() else 62
+    predicted, realised = step_evidence(
+        batch, torch.tensor([1, 1]), torch.tensor([1, 1]), torch.tensor([hit, miss])
+    )
+    mass = (batch.log_scores.exp() * children).sum(dim=1)
+    assert torch.allclose(predicted, mass.float()) and realised.tolist() == [1.0, 0.0]
+
+
+def test_a_new_request_starts_from_what_its_kind_was_accepted():
+    state = new_acceptance_scale(8, "cpu")
+    kinds = torch.tensor([SAMPLED, SAMPLED, GREEDY])
+    for _ in range(20):  # sampled requests accept a tenth of their drafts, greedy all
+        observe(state, slots(0, 1, 2), kinds, torch.full((3,), 4.0), torch.tensor([0.4, 0.4, 4.0]))
+    start_requests(state, slots(5, 6), torch.tensor([SAMPLED, GREEDY]))
+    sampled, greedy = scales(state, slots(5, 6)).tolist()
+    assert sampled == pytest.approx(0.1, abs=0.02) and greedy == pytest.approx(1.0)
+
+
+def confident_trees(batch: int) -> TreeBatch:
+    """Trees of 64 nodes whose drafter is sure of every depth (A_hat far above one)."""
+    return trees(batch, nodes=64)
+
+
+def run_step(controller: Controller, state, batch: int, accept: float) -> bool:
+    """One served step against a target that accepts ``accept`` of each tree's drafts.
+
+    Returns whether the step speculated (drafted and verified more than the root).
+    """
+    ids = torch.arange(batch)
+    if not controller.drafts_this_step(4):
+        controller.plain_decision(batch, torch.full((batch,), 256), torch.device("cpu"))
+        return False
+    whole = confident_trees(batch)
+    decision = controller.decide(whole, torch.full((batch,), 256), scales(state, ids))
+    predicted = step_evidence(whole, decision.sizes, decision.sizes, torch.full((batch,), -1))[0]
+    observe(state, ids, torch.full((batch,), SAMPLED), predicted, predicted * accept)
+    return not decision.plain
+
+
+@pytest.mark.parametrize("layout", ["uniform", "ragged"])
+def test_a_miscalibrated_drafter_falls_back_to_plain_steps_and_recovers(layout):
+    controller = Controller("static", 64, layout, model(), learn_acceptance=True)
+    state = new_acceptance_scale(4, "cpu")
+    assert run_step(controller, state, 4, accept=1.0)  # trusted at first: it speculates
+    overconfident = [run_step(controller, state, 4, accept=0.0) for _ in range(60)]
+    first_plain = overconfident.index(False)
+    assert first_plain <= 6, overconfident  # within a few steps ...
+    # ... and then speculates only in probes, one step after each plain wait
+    tail = overconfident[first_plain:]
+    assert not any(a and b for a, b in itertools.pairwise(tail)), overconfident
+    assert sum(tail[-27:]) <= 3, overconfident
+    assert controller.backoff == controller.max_backoff  # probing rarely by then
+    recovered = [run_step(controller, state, 4, accept=1.0) for _ in range(60)]
+    # a few drafted probes, one per max_backoff plain steps, bring the calibration back
+    settled = max(i for i, spec in enumerate(recovered) if not spec) + 1
+    assert settled <= 4 * (controller.max_backoff + 1) and all(recovered[settled:]), recovered
+
+
+def test_without_learning_the_controller_never_steps_plainly():
+    controller = Controller("static", 64, "uniform", model())
+    state = new_acceptance_scale(4, "cpu")
+    assert all(run_step(controller, state, 4, accept=0.0) for _ in range(20))
+
+
+def test_a_joining_request_ends_the_plain_wait():
+    controller = Controller("static", 64, "uniform", model(), learn_acceptance=True)
+    state = new_acceptance_scale(4, "cpu")
+    while run_step(controller, state, 4, accept=0.0):
+        pass
+    assert not controller.drafts_this_step(4) or controller.plain_left == 0
+    controller.requests_joined()
+    assert controller.drafts_this_step(4)
+
+
+def test_a_plain_step_is_priced_without_the_draft_pass():
+    lm = model(t_aux_ms=3.0)
+    controller = Controller("static", 64, "uniform", lm, learn_acceptance=True)
+    plain = controller.plain_decision(4, torch.full((4,), 320), torch.device("cpu"))
+    assert plain.plain and plain.width == 1 and plain.sizes.tolist() == [1] * 4
+    assert plain.predicted_cycle_ms == pytest.approx(float(lm.cycle_ms(4, 1, 320.0)) - lm.aux_ms(4))
+
+
+def serve(controller: Controller, steps: int, spec_ms: float, plain_ms: float, emitted: float):
+    """Steps against measured periods: a speculative step takes ``spec_ms`` and emits
+    ``emitted`` tokens per request, a plain step (drafted or not) ``plain_ms`` and one."""
+    state, out = new_acceptance_scale(4, "cpu"), []
+    ids, contexts = torch.arange(4), torch.full((4,), 256)
+    for _ in range(steps):
+        if controller.drafts_this_step(4):
+            decision = controller.decide(confident_trees(4), contexts, scales(state, ids))
+        else:
+            decision = controller.plain_decision(4, contexts, torch.device("cpu"))
+        period = spec_ms if not decision.plain else plain_ms
+        controller.observe_period(decision, 4, period, 1.0 if decision.plain else emitted)
+        out.append(not decision.plain)
+    return out
+
+
+def test_speculation_that_measures_slower_than_plain_steps_stops():
+    # the model is sure trees pay; the served steps say otherwise: 2 tokens in 3x the time
+    controller = Controller(
+        "static", 64, "uniform", model(), learn_acceptance=True, measure_overhead=True
+    )
+    spec = serve(controller, 80, spec_ms=30.0, plain_ms=10.0, emitted=2.0)
+    assert spec[0] and sum(spec[-40:]) <= 6, spec
+
+
+def test_speculation_that_measures_faster_goes_on():
+    controller = Controller(
+        "static", 64, "uniform", model(), learn_acceptance=True, measure_overhead=True
+    )
+    spec = serve(controller, 80, spec_ms=30.0, plain_ms=10.0, emitted=5.0)
+    assert sum(spec[-40:]) >= 39, spec  # one plain step in 64 keeps the plain rate measured
+
+
+def test_a_model_that_overprices_trees_is_overruled_by_the_measured_rates():
+    # drafting priced at 1 s a step: the model alone would never speculate again
+    controller = Controller(
+        "static", 64, "uniform", model(t_aux_ms=1000.0), learn_acceptance=True,
+        measure_overhead=True,
+    )  # fmt: skip
+    spec = serve(controller, 80, spec_ms=30.0, plain_ms=10.0, emitted=5.0)
+    assert not spec[0] and sum(spec[-40:]) >= 39, spec
