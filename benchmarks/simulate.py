@@ -103,9 +103,10 @@ def step_gaps(records: list[dict], idle_gap_s: float) -> list[float | None]:
 def _step(
     record: dict, offset: list[int], streams: dict[str, list[int]], gap_ms: float | None = None
 ) -> Step | None:
-    """The greedy part of one step record (None when it has no greedy request)."""
+    """The greedy part of one step record (None when it has no greedy request, or drafted
+    nothing: a plain step has no drafts to replay)."""
     keep = [i for i, t in enumerate(record["temperatures"]) if t == 0.0]
-    if not keep:
+    if not keep or not record.get("drafted", True):
         return None
     ids = torch.tensor([record["topk_ids"][i] for i in keep])  # [b, D, K]
     values = torch.tensor([record["topk_probs"][i] for i in keep], dtype=torch.float32)

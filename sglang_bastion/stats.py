@@ -11,6 +11,11 @@ from typing import Any
 
 import torch
 
+PACKED = (
+    "steps", "plain_steps", "request_steps", "verify_tokens", "tree_nodes", "root_only",
+    "priced_tokens",
+)  # fmt: skip
+
 
 @dataclass
 class BastionStats:
@@ -27,17 +32,32 @@ class BastionStats:
     _tree_nodes: torch.Tensor | None = None  # 0-dim: sum of verified tree sizes
     _accepted: torch.Tensor | None = None  # 0-dim: accepted drafts + bonus, summed
     _root_only: torch.Tensor | None = None  # 0-dim: request-steps that verified the root alone
+    _priced: torch.Tensor | None = None  # 0-dim: tokens the controller priced, summed
+    _accept_counts: torch.Tensor | None = None  # [L]: request-steps by tokens emitted (0..L-1)
+    max_accept: int = 16  # the most tokens one step emits per request (the drafter's block)
 
     def add_step(
         self, sizes: torch.Tensor, accept_lens: torch.Tensor, width: int, predicted: float | None,
-        plain: bool = False,
+        plain: bool = False, priced: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
-        """Count one step: its tree sizes [B], acceptance lengths [B] and verify width."""
+        """Count one step: its tree sizes [B], acceptance lengths [B] and verify width.
+
+        ``priced`` [B]: the tokens the controller expected each request to emit (None: its
+        acceptance lengths, as for a plain step).
+        """
         batch = int(sizes.shape[0])
         nodes, accepted, root_only = sizes.sum(), accept_lens.sum(), (sizes == 1).sum()
+        expected = accepted.to(torch.float64) if priced is None else priced.sum(dtype=torch.float64)
         self._tree_nodes = nodes if self._tree_nodes is None else self._tree_nodes + nodes
         self._accepted = accepted if self._accepted is None else self._accepted + accepted
         self._root_only = root_only if self._root_only is None else self._root_only + root_only
+        self._priced = expected if self._priced is None else self._priced + expected
+        if self._accept_counts is None:  # [L]
+            self._accept_counts = torch.zeros(
+                self.max_accept + 1, dtype=torch.float64, device=accept_lens.device
+            )
+        lengths = accept_lens.to(torch.long).clamp(0, self.max_accept)
+        self._accept_counts.scatter_add_(0, lengths, torch.ones_like(lengths, dtype=torch.float64))
         self.steps += 1
         self.plain_steps += int(plain)
         self.request_steps += batch
@@ -54,11 +74,24 @@ class BastionStats:
             self.predicted_verify_ms += predicted_ms
             self.observed_verify_ms += observed_ms
 
+    def packed(self) -> torch.Tensor | None:
+        """[7 + L] float64 on the device: the counters in `PACKED` order, then the counts by
+        tokens emitted (None before the first step)."""
+        if self._tree_nodes is None:
+            return None
+        device = self._accept_counts.device
+        host = [self.steps, self.plain_steps, self.request_steps, self.verify_tokens]
+        sums = torch.stack([self._tree_nodes.to(torch.float64), self._root_only.to(torch.float64),
+                            self._priced])  # fmt: skip
+        head = torch.tensor(host, dtype=torch.float64).to(device, non_blocking=True)
+        return torch.cat([head, sums, self._accept_counts])
+
     def as_dict(self) -> dict[str, Any]:
         """Counters and derived means as plain JSON values."""
         nodes = int(self._tree_nodes) if self._tree_nodes is not None else 0
         accepted = int(self._accepted) if self._accepted is not None else 0
         root_only = int(self._root_only) if self._root_only is not None else 0
+        priced = float(self._priced) if self._priced is not None else 0.0
         per_request = max(self.request_steps, 1)
         return {
             "steps": self.steps,
@@ -70,6 +103,7 @@ class BastionStats:
             "verify_tokens": self.verify_tokens,
             "mean_tree_size": nodes / per_request if self.request_steps else None,
             "mean_accept_length": accepted / per_request if self.request_steps else None,
+            "mean_priced_accept_length": priced / per_request if self.request_steps else None,
             "mean_batch_size": self.request_steps / self.steps if self.steps else None,
             "timed_steps": self.timed_steps,
             "mean_predicted_verify_ms": self.predicted_verify_ms / self.timed_steps

@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,7 @@ from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_m
 
 from sglang_bastion.acceptance_scale import (
     AcceptanceScale,
+    calibrated_surrogate,
     new_acceptance_scale,
     observe,
     request_kinds,
@@ -73,7 +75,8 @@ from sglang_bastion.acceptance_scale import (
 )
 from sglang_bastion.controller import Controller, Decision
 from sglang_bastion.kernels import draft_head_topk, merge_shard_top_k, shard_top_k
-from sglang_bastion.late_read import LateRead
+from sglang_bastion.late_read import LateRead, SpanTimer
+from sglang_bastion.metrics import after_step, create_metrics
 from sglang_bastion.node_sampling import (
     commit_emitted,
     penalize_tree_logits,
@@ -145,7 +148,12 @@ class BastionWorker(DFlashWorkerV2):
         # Per request slot: what was predicted and accepted (made at the first prefill, once
         # SGLang has sized the request pool).
         self.acceptance: AcceptanceScale | None = None
-        self.stats = BastionStats()
+        self.stats = BastionStats(max_accept=self.block_size)
+        self.metrics = None  # SGLang's Prometheus endpoint, under --enable-metrics
+        if getattr(self.server_args, "enable_metrics", False) and get_parallel().tp_rank == 0:
+            labels = {"model_name": self.server_args.served_model_name, "tp_rank": 0}
+            interval = int(getattr(self.server_args, "decode_log_interval", 40) or 40)
+            self.metrics = create_metrics(labels, interval)
         if torch.device(self.device).type == "cuda":  # Triton compiles here, not in a step
             warm_tree_ops(
                 torch.device(self.device), self.controller.verify_widths(),
@@ -155,6 +163,9 @@ class BastionWorker(DFlashWorkerV2):
         # (start, decision, batch size) of the last decode step, while no prefill has run since
         self._period: tuple[float, Decision, int] | None = None
         self._emitted: LateRead | None = None  # that step's mean tokens per request
+        # Verify spans still timing on the device (EMA modes on a GPU); the oldest is dropped
+        # past 8, as a stalled device would otherwise grow the queue.
+        self._late_timings: deque[tuple[Decision, SpanTimer]] = deque(maxlen=8)
         self.profile_info = self.controller.summary(self.options.profile)
         self.trace = None
         if self.options.trace and get_parallel().tp_rank == 0:  # ranks step in lockstep
@@ -252,15 +263,19 @@ class BastionWorker(DFlashWorkerV2):
         else:  # a plain step: the root alone, no draft pass
             top_q = top_ids = torch.empty(bs, 0, self.top_k, device=roots.device)
             whole = TreeBatch.roots(roots)
+        while self._late_timings:  # earlier steps' verify times, oldest first, once done
+            if (ms := self._late_timings[0][1].elapsed_ms()) is None:
+                break
+            self._observe_timing(self._late_timings.popleft()[0], ms)
         if self._period is not None:  # the previous decode step's full period ends here
             last_start, last_decision, last_bs = self._period
             period_ms = (started - last_start) * 1e3
             emitted = self._emitted.value() if self._emitted is not None else None
             self.controller.observe_period(last_decision, last_bs, period_ms, emitted)
+        scale = None  # [bs]: the requests' acceptance calibration, when learning
         if not drafts:
             decision = self.controller.plain_decision(bs, prefix_cpu, roots.device)
         else:  # the host copy of the contexts: no sync
-            scale = None
             if self.acceptance is not None:
                 scale = scales(self.acceptance, batch.req_pool_indices)
             decision = self.controller.decide(whole, prefix_cpu, scale)
@@ -268,11 +283,19 @@ class BastionWorker(DFlashWorkerV2):
         trees = whole.truncate(decision.sizes).narrow(decision.width)
         width = decision.width
         listener = self.verify_listener
-        watched = self.trace is not None or listener is not None
-        timed = self.controller.needs_timing or watched or logger.isEnabledFor(logging.DEBUG)
-        verify_start = self._now(timed)
+        # The trace, bastion-calibrate and the debug log take this step's own time (a host
+        # sync on a GPU); the EMA modes alone read it from events, one step late.
+        synced = (
+            self.trace is not None or listener is not None or logger.isEnabledFor(logging.DEBUG)
+        )
+        timer = SpanTimer(roots.device) if self.controller.needs_timing and not synced else None
+        verify_start = self._now(synced)
         verified = self._verify_trees(batch, trees, step, width)
-        verify_ms = (self._now(timed) - verify_start) * 1e3 if timed else None
+        verify_ms = (self._now(synced) - verify_start) * 1e3 if synced else None
+        if timer is not None:
+            verify_ms = timer.stop().elapsed_ms()  # on a CPU at once
+            if verify_ms is None:
+                self._late_timings.append((decision, timer))
         if listener is not None:
             listener(width, verify_ms)
         logits_output, target_tokens = verified.logits_output, verified.target_tokens
@@ -282,7 +305,9 @@ class BastionWorker(DFlashWorkerV2):
         new_seq_lens = prefix + accept_lens.to(prefix.dtype)
         if on_publish is not None:  # overlap: the next step's lengths, as early as known
             on_publish(new_seq_lens)
-        self._write_draft_features(batch, verified.hidden, step, path, accept_lens)
+        # A tree of width W emits at most W tokens: only those path columns need features.
+        emitted_cols = path[:, : min(width, path.shape[1])]  # [bs, min(W, D+1)]
+        self._write_draft_features(batch, verified.hidden, step, emitted_cols, accept_lens)
         if self.controller.learns_acceptance:  # tokens per request, read next step or later
             self._emitted = LateRead(accept_lens.float().mean())
         if drafts and self.acceptance is not None:  # what this step's drafts were worth
@@ -294,7 +319,11 @@ class BastionWorker(DFlashWorkerV2):
 
         out_tokens = target_tokens.gather(1, path.clamp(min=0))  # [bs, D+1]: emitted run first
         self._commit_penalties(batch, out_tokens, accept_lens)
-        self._account(decision, accept_lens, verify_ms)
+        priced = None  # [bs]: tokens the controller expected each request to emit
+        if drafts:
+            expected = whole.surrogate() if scale is None else calibrated_surrogate(whole, scale)
+            priced = expected.gather(1, (decision.sizes - 1).clamp(min=0).unsqueeze(1))[:, 0]
+        self._account(decision, accept_lens, verify_ms, priced)
         if self.trace is not None and self.trace.active:
             cycle_ms = (self._now(True) - started) * 1e3
             draft = (top_q, top_ids, roots, prefix_cpu)
@@ -320,15 +349,21 @@ class BastionWorker(DFlashWorkerV2):
         return time.perf_counter()
 
     def _account(
-        self, decision: Decision, accept_lens: torch.Tensor, verify_ms: float | None
-    ) -> None:
-        """Update the running stats and the controller's EMA; log the step at debug level."""
+        self, decision: Decision, accept_lens: torch.Tensor, verify_ms: float | None,
+        priced: torch.Tensor | None = None,
+    ) -> None:  # fmt: skip
+        """Update the running stats, metrics and the controller's EMA; log at debug level."""
         self.stats.add_step(
             decision.sizes, accept_lens, decision.width, decision.predicted_verify_ms,
-            decision.plain,
+            decision.plain, priced,
         )  # fmt: skip
-        if verify_ms is None:
-            return
+        if self.metrics is not None:
+            after_step(self.metrics, self.stats)
+        if verify_ms is not None:
+            self._observe_timing(decision, verify_ms)
+
+    def _observe_timing(self, decision: Decision, verify_ms: float) -> None:
+        """Fold a step's measured verify time into the stats and the controller's EMA."""
         self.stats.add_timing(decision.predicted_verify_ms, verify_ms)
         self.controller.observe(decision, verify_ms)
         if logger.isEnabledFor(logging.DEBUG):
@@ -373,6 +408,8 @@ class BastionWorker(DFlashWorkerV2):
             "root_tokens": roots.tolist(),
             "sizes": decision.sizes.tolist(),
             "width": decision.width,
+            "plain": decision.plain,  # every request verified its root alone
+            "drafted": decision.drafted,  # False: a plain step, topk_* are empty
             "emitted": [row[:n] for row, n in zip(out_tokens.tolist(), lens, strict=True)],
             "budgets": [_token_budget(req) for req in batch.reqs],
             "predicted_verify_ms": decision.predicted_verify_ms,
@@ -490,7 +527,8 @@ class BastionWorker(DFlashWorkerV2):
         # The whole window: the drafter's block may exceed W.
         depth, kernels = self.block_size - 1, self.options.kernels
         accepted = accept(trees, target_tokens, window, max_depth=depth, kernels=kernels)
-        self._keep_accepted_kv(accepted.kv_source, accepted.kv_target)
+        if width > 1:  # a width-1 pass verified the roots alone, already in their slots
+            self._keep_accepted_kv(accepted.kv_source, accepted.kv_target)
         if batch.return_logprob:
             rows = torch.arange(bs, device=target_tokens.device).unsqueeze(1) * width
             compute_spec_logprobs(  # [bs, D+1]: the emitted tokens' rows, in emitted order
@@ -621,7 +659,7 @@ class BastionWorker(DFlashWorkerV2):
     ) -> None:  # fmt: skip
         """Project the accepted path's target features into the draft KV at their slots."""
         prefix = step.prefix
-        bs, depth = path.shape  # depth: D + 1 path columns
+        bs, depth = path.shape  # depth: path columns, at most D + 1
         features = hidden.gather(1, path.clamp(min=0).unsqueeze(2).expand(-1, -1, hidden.shape[2]))
         rows = step.window[:, :depth]  # [bs, D+1]: where the accepted path now lives
         plan = self._plan(batch, prefix, step.prefix_cpu, rows.reshape(-1), depth)

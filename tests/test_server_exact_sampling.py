@@ -76,9 +76,11 @@ def fixed_url(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def adaptive_url(tmp_path_factory, tiny_pair_profile):
-    """BASTION with the adaptive controller (N_max 32, the tiny pair's profile)."""
+    """BASTION with the adaptive controller (N_max 32, the tiny pair's profile), with
+    SGLang's Prometheus metrics published every 4 decode steps."""
     log = tmp_path_factory.mktemp("logs") / "adaptive.log"
-    args = [*BACKEND, *bastion_args(PAIR / "drafter", 32)]
+    metrics = ["--enable-metrics", "--decode-log-interval", "4"]
+    args = [*BACKEND, *bastion_args(PAIR / "drafter", 32), *metrics]
     env = {**ENV, "SGLANG_BASTION_PROFILE": str(tiny_pair_profile)}
     with sglang_server(PAIR / "target", args, log, env=env, timeout_s=480) as url:
         yield url
@@ -237,6 +239,40 @@ def test_sampling_that_accepts_little_falls_back_to_plain_steps(adaptive_url, pl
     assert after["plain_steps"] - before["plain_steps"] > steps / 2, (before, after)
     # and greedy requests after it still get the plain server's output
     assert complete(adaptive_url, PROMPTS[0], LENGTH) == complete(plain_url, PROMPTS[0], LENGTH)
+
+
+BASTION_SERIES = (
+    "sglang:bastion_mean_tree_size", "sglang:bastion_verify_width",
+    "sglang:bastion_predicted_accept_length", "sglang:bastion_realised_accept_length",
+    "sglang:bastion_accept_depth_share", "sglang:bastion_plain_step_share",
+    "sglang:bastion_root_only_request_share",
+)  # fmt: skip
+
+
+def prometheus(url: str) -> dict[str, float]:
+    """Every sample on SGLang's /metrics: 'name{labels}' -> value."""
+    text = requests.get(f"{url}/metrics", timeout=60).text
+    samples = (line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#")
+    return {name: float(value) for name, value in samples}
+
+
+def total(samples: dict[str, float], name: str) -> float:
+    """The sum of a series over its labels."""
+    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
+
+
+def test_the_controller_is_on_sglangs_prometheus_endpoint(adaptive_url):
+    batch_ = [{"prompt": p, "max_tokens": LENGTH} for p in PROMPTS]
+    run_all(adaptive_url, batch_)
+    before = prometheus(adaptive_url)
+    run_all(adaptive_url, batch_)
+    after = prometheus(adaptive_url)
+    assert total(after, "sglang:bastion_steps_total") > total(before, "sglang:bastion_steps_total")
+    assert "sglang:spec_accept_length" in "".join(after)  # beside SGLang's own series
+    for name in BASTION_SERIES:
+        assert any(k.startswith(name + "{") for k in after), name
+    depth1 = [v for k, v in after.items() if k.startswith(BASTION_SERIES[4]) and 'depth="1"' in k]
+    assert depth1 and 0.0 <= depth1[0] <= 1.0
 
 
 KILLERS = {

@@ -149,3 +149,13 @@ def test_tokens_past_a_requests_budget_do_not_count_towards_server_throughput(tm
         )
     assert checks[2]["equal"] == checks[2]["steps"]  # acceptance itself is not capped
     assert checks[2]["predicted_server_tok_s"] < checks[None]["predicted_server_tok_s"]
+
+
+def test_a_plain_step_record_has_no_drafts_to_replay(tmp_path):
+    write_fake_trace(tmp_path / "t.jsonl", requests=2, nodes=8, seed=0)
+    _, records = read_trace(tmp_path / "t.jsonl")
+    plain = {**records[0], "drafted": False, "plain": True, "topk_ids": [[], []],
+             "topk_probs": [[], []], "sizes": [1, 1], "width": 1}  # fmt: skip
+    streams = {"r0": [1] * 20, "r1": [2] * 20}
+    assert simulate._step(plain, [0, 0], streams) is None
+    assert simulate._step(records[0], [0, 0], streams) is not None
