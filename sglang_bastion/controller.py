@@ -175,6 +175,7 @@ class Decision:
     overhead_ms: float = 0.0  # the measured per-step overhead included in the cycle
     plain: bool = False  # every request verifies its root alone: no speculation this step
     drafted: bool = True  # the step ran the draft pass (False: a plain step, no draft at all)
+    expected: torch.Tensor | None = None  # [B] tokens priced per request (None: plain step)
 
 
 @dataclass
@@ -311,14 +312,15 @@ class Controller:
         if self.mode == "fixed":
             sizes = fixed_sizes(trees, self.max_nodes)
             # The width is static (no host sync): slots past a smaller tree are padding.
-            return Decision(sizes, min(self.max_nodes, trees.max_nodes), None, None)
+            width = min(self.max_nodes, trees.max_nodes)
+            return Decision(sizes, width, None, None, expected=_at(trees.surrogate(), sizes))
         batch = trees.batch_size
         context = float(context_lens.float().mean())  # the host copy of the contexts
         overhead = self.step_overhead_ms(batch)
         cost = self.cost_vector_ms(batch, context) + overhead  # [N] on the host
         device = trees.log_scores.device
         priced = cost if device.type == "cpu" else self._priced_on(device, batch, context, overhead)
-        accepted = None if scale is None else calibrated_surrogate(trees, scale)  # [B, N]
+        accepted = trees.surrogate() if scale is None else calibrated_surrogate(trees, scale)
         learning = self.learns_acceptance
         plain_ms = self._plain_ms(cost, batch) if learning else 0.0
         model_plain = False  # whether the model prices a plain step above every tree
@@ -326,8 +328,7 @@ class Controller:
             sizes = per_request_sizes(trees, priced, self.model.ar_ms(batch), accepted)
             largest = sizes.max()
             if learning:
-                gains = trees.surrogate() if accepted is None else accepted  # [B, N]
-                emitted = gains.gather(1, (sizes - 1).unsqueeze(1)).sum()
+                emitted = _at(accepted, sizes).sum()
                 loses = emitted / priced.to(device)[largest - 1] <= batch / plain_ms
                 largest, model_plain = read_choice(torch.stack([largest, loses.to(largest)]))
             else:
@@ -346,7 +347,8 @@ class Controller:
             sizes, width = sizes.new_ones(batch), 1
         cycle = float(cost[width - 1])
         verify_ms = cycle - overhead - self.model.aux_ms(batch)
-        return Decision(sizes, width, verify_ms, cycle, overhead, plain=plain)
+        expected = _at(accepted, sizes)
+        return Decision(sizes, width, verify_ms, cycle, overhead, plain=plain, expected=expected)
 
     def _steps_plainly(self, model_plain: bool, batch: int) -> bool:
         """Whether this drafted step verifies roots alone; schedules plain steps and probes.
@@ -520,11 +522,15 @@ def _nearest(table: dict[int, float], batch: int, default: float | None) -> floa
 
 def _near(table: dict[int, float], batch: int) -> float | None:
     """`_nearest`, but only from a batch size within a factor of two of ``batch``."""
-    value = _nearest(table, batch, None)
-    if value is None:
+    if not table:
         return None
     nearest = min(table, key=lambda b: (abs(b - batch), b))
-    return value if batch / 2 <= nearest <= 2 * batch else None
+    return table[nearest] if batch / 2 <= nearest <= 2 * batch else None
+
+
+def _at(accepted: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """[B] each request's priced acceptance [B, N] at its size [B]."""
+    return accepted.gather(1, (sizes - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
 
 
 def unmeasured_widths(widths: tuple[int, ...], measured_up_to: int) -> list[int]:

@@ -65,7 +65,6 @@ from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_m
 
 from sglang_bastion.acceptance_scale import (
     AcceptanceScale,
-    calibrated_surrogate,
     new_acceptance_scale,
     observe,
     request_kinds,
@@ -319,11 +318,7 @@ class BastionWorker(DFlashWorkerV2):
 
         out_tokens = target_tokens.gather(1, path.clamp(min=0))  # [bs, D+1]: emitted run first
         self._commit_penalties(batch, out_tokens, accept_lens)
-        priced = None  # [bs]: tokens the controller expected each request to emit
-        if drafts:
-            expected = whole.surrogate() if scale is None else calibrated_surrogate(whole, scale)
-            priced = expected.gather(1, (decision.sizes - 1).clamp(min=0).unsqueeze(1))[:, 0]
-        self._account(decision, accept_lens, verify_ms, priced)
+        self._account(decision, accept_lens, verify_ms, decision.expected)
         if self.trace is not None and self.trace.active:
             cycle_ms = (self._now(True) - started) * 1e3
             draft = (top_q, top_ids, roots, prefix_cpu)
