@@ -23,16 +23,21 @@ from pathlib import Path
 Key = tuple[str, int]  # (setup label, concurrency)
 
 
+SYNC = " sync"  # the label's suffix for a setup on SGLang's synchronous schedule
+
+
 def cell_label(cell: dict) -> str:
     """The server setup a cell measured (see the module docstring)."""
-    if not cell["method"].startswith("bastion-adaptive"):
-        return cell["method"]
     args = cell.get("server", {}).get("args", [])
+    schedule = SYNC if "--disable-overlap-schedule" in args else ""
+    method = cell["method"].removesuffix("-sync")
+    if not method.startswith("bastion-adaptive"):
+        return method + schedule
     flag = "--speculative-num-draft-tokens"
     label = f"adaptive N_max={args[args.index(flag) + 1]}" if flag in args else "adaptive"
     mode = cell.get("server", {}).get("env", {}).get("SGLANG_BASTION_MODE", "static")
     label += "" if mode == "static" else f" {mode}"
-    return label + (" + overhead" if cell.get("controller_overhead_ms") else "")
+    return label + (" + overhead" if cell.get("controller_overhead_ms") else "") + schedule
 
 
 def load_runs(folders: list[Path]) -> list[list[dict]]:
@@ -40,17 +45,22 @@ def load_runs(folders: list[Path]) -> list[list[dict]]:
     return [json.loads((folder / "sweep.json").read_text())["cells"] for folder in folders]
 
 
-def collect(runs: list[list[dict]]) -> tuple[dict[Key, list[float]], dict[Key, list[float]]]:
-    """Output tok/s and mean tree sizes of every cell of the runs, by (setup, concurrency)."""
+def collect(
+    runs: list[list[dict]],
+) -> tuple[dict[Key, list[float]], dict[Key, list[float]], dict[Key, list[float]]]:
+    """Output tok/s, mean tree sizes and median ITLs of every cell, by (setup, concurrency)."""
     tok_s: dict[Key, list[float]] = defaultdict(list)
     trees: dict[Key, list[float]] = defaultdict(list)
+    itl: dict[Key, list[float]] = defaultdict(list)
     for cells in runs:
         for cell in cells:
             key = (cell_label(cell), int(cell["concurrency"]))
             tok_s[key].append(float(cell["output_tok_s"]))
             if cell.get("tree_size") is not None:
                 trees[key].append(float(cell["tree_size"]))
-    return tok_s, trees
+            if cell.get("itl_p50_ms") is not None:
+                itl[key].append(float(cell["itl_p50_ms"]))
+    return tok_s, trees, itl
 
 
 def is_fixed(label: str) -> bool:
@@ -73,9 +83,11 @@ def run_shares(runs: list[list[dict]]) -> dict[Key, list[float]]:
 def summary_rows(
     tok_s: dict[Key, list[float]],
     trees: dict[Key, list[float]],
+    itl: dict[Key, list[float]] | None = None,
     shares: dict[Key, list[float]] | None = None,
 ) -> list[dict]:
-    """One row per (setup, concurrency): runs, median tok/s, % of the best fixed N's median."""
+    """One row per (setup, concurrency): median tok/s and ITL, % of the best fixed N's median,
+    and of the same setup's on the synchronous schedule when the sweep ran it."""
     rows = []
     for concurrency in sorted({c for _, c in tok_s}):
         medians = {
@@ -89,6 +101,10 @@ def summary_rows(
                 "C": concurrency, "setup": label, "runs": len(tok_s[(label, concurrency)]),
                 "median_tok_s": medians[label],
                 "of_best_fixed": medians[label] / best if best else None,
+                "of_sync": medians[label] / medians[label + SYNC]
+                if label + SYNC in medians else None,
+                "itl_p50_ms": statistics.median(v) if (v := (itl or {}).get(
+                    (label, concurrency))) else None,
                 "mean_tree": statistics.fmean(size) if size else None,
                 "runs_tok_s": tok_s[(label, concurrency)],
                 "run_shares": (shares or {}).get((label, concurrency), []),
@@ -99,18 +115,20 @@ def summary_rows(
 def markdown(rows: list[dict]) -> str:
     """The rows as a Markdown table."""
     lines = [
-        "| C | setup | runs | median tok/s | of best fixed N | mean tree | every run "
-        "| of the run's best fixed N |",
-        "|---|---|---|---|---|---|---|---|",
+        "| C | setup | runs | median tok/s | of best fixed N | of its synchronous | median ITL ms "
+        "| mean tree | every run | of the run's best fixed N |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         share = f"{100 * r['of_best_fixed']:.1f}%" if r["of_best_fixed"] else "-"
+        of_sync = f"{100 * r['of_sync']:.1f}%" if r.get("of_sync") else "-"
+        itl = f"{r['itl_p50_ms']:.1f}" if r.get("itl_p50_ms") is not None else "-"
         tree = f"{r['mean_tree']:.1f}" if r["mean_tree"] is not None else "-"
         runs = " / ".join(f"{v:.1f}" for v in r["runs_tok_s"])
         per_run = " / ".join(f"{100 * v:.1f}%" for v in r.get("run_shares", [])) or "-"
         lines.append(
             f"| {r['C']} | {r['setup']} | {r['runs']} | {r['median_tok_s']:.1f} | {share} "
-            f"| {tree} | {runs} | {per_run} |"
+            f"| {of_sync} | {itl} | {tree} | {runs} | {per_run} |"
         )
     return "\n".join(lines) + "\n"
 

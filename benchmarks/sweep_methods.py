@@ -34,6 +34,10 @@ BASTION_PATTERN = re.compile(r"bastion-(\d+)")
 # bastion-adaptive runs the worker's default mode (or --adaptive-mode); a suffix names the
 # mode of that method alone, so that one sweep can compare modes side by side.
 ADAPTIVE_PATTERN = re.compile(rf"bastion-adaptive(?:-({'|'.join(COST_MODES)}))?")
+# Any method with this suffix runs on SGLang's synchronous schedule instead of its default
+# overlapped one, so that one sweep can compare the two side by side.
+SYNC_SUFFIX = "-sync"
+SYNC_ARGS = ["--disable-overlap-schedule"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,25 @@ def parse_methods(
     adaptive_mode: str | None = None,
 ) -> list[Method]:
     """The methods named on the command line, in order; ValueError naming what is missing."""
+    bases = [name.removesuffix(SYNC_SUFFIX) for name in names]
+    overlapped = parse_overlapped(
+        bases, drafter, eagle_drafter, profile, adaptive_max_nodes, adaptive_mode
+    )
+    return [
+        Method(name, [*m.args, *SYNC_ARGS], m.env, m.algorithm) if name != base else m
+        for name, base, m in zip(names, bases, overlapped, strict=True)
+    ]
+
+
+def parse_overlapped(
+    names: list[str],
+    drafter: Path | None,
+    eagle_drafter: Path | None,
+    profile: Path | None,
+    adaptive_max_nodes: int | None,
+    adaptive_mode: str | None,
+) -> list[Method]:
+    """The methods named, without the synchronous suffix, on SGLang's default schedule."""
     fixed = [int(m.group(1)) for n in names if (m := BASTION_PATTERN.fullmatch(n))]
     methods = []
     for name in names:
@@ -102,7 +125,7 @@ def parse_methods(
             raise ValueError(
                 f"unknown method {name!r}: use none, dflash, eagle3, bastion-<N>, "
                 f"bastion-adaptive, bastion-adaptive-<{'|'.join(COST_MODES)}> or "
-                "bastion-surrogate"
+                f"bastion-surrogate, each optionally with {SYNC_SUFFIX!r} (synchronous schedule)"
             )
     return methods
 

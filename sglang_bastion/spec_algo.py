@@ -57,6 +57,10 @@ class BastionSpecAlgo(CustomSpecAlgo):
         """Target prefill has no later speculative reader of the shared buffer."""
         return True
 
+    def supports_grammar_overlap(self) -> bool:
+        """Grammar batches overlap too: the worker advances the queued step's FSMs itself."""
+        return True
+
     def carries_draft_hidden_states(self) -> bool:
         """Disaggregated transfer of draft hidden states is EAGLE-only."""
         return False

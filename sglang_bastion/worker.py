@@ -105,6 +105,7 @@ class DecodeStep:
     window: torch.Tensor  # [B, window] long: the KV slots each request reserved this step
     prefix: torch.Tensor  # [B]: committed tokens (the bonus is not in the KV yet)
     prefix_cpu: torch.Tensor  # [B]: their host copy (SGLang's seq_lens_cpu)
+    grammar_barrier: Callable[[], None] | None = None  # overlap: settles the queued step's FSMs
 
 
 @dataclass(frozen=True)
@@ -225,15 +226,19 @@ class BastionWorker(DFlashWorkerV2):
         if batch.forward_mode.is_idle() or batch.spec_info is None:
             self._period = None
             return super().forward_batch_generation(batch, on_publish=on_publish)
-        return self._tree_step(batch, on_publish)
+        return self._tree_step(batch, on_publish, grammar_barrier)
 
     # --- one decode step ------------------------------------------------------------------
 
-    def _tree_step(self, batch: Any, on_publish: Any = None) -> GenerationBatchResult:
+    def _tree_step(
+        self, batch: Any, on_publish: Any = None, grammar_barrier: Any = None
+    ) -> GenerationBatchResult:
         """Draft, build trees, verify them in one target pass, accept; the step's result.
 
         Under overlap scheduling ``on_publish`` hands the new lengths to SGLang's future map
-        as soon as acceptance is known, for the next step's host lengths.
+        as soon as acceptance is known, for the next step's host lengths, and
+        ``grammar_barrier`` advances the grammars over the step still queued, after the
+        verify launch and before this step's grammar masks read them.
         """
         started = time.perf_counter()
         draft_input: DFlashDraftInputV2 = batch.spec_info
@@ -250,7 +255,7 @@ class BastionWorker(DFlashWorkerV2):
         slots = torch.arange(self.window, device=self.device)
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         window = req_to_token[batch.req_pool_indices.unsqueeze(1), prefix.unsqueeze(1) + slots]
-        step = DecodeStep(window.to(torch.int64), prefix, prefix_cpu)
+        step = DecodeStep(window.to(torch.int64), prefix, prefix_cpu, grammar_barrier)
 
         drafts = self.controller.drafts_this_step(bs)
         roots = draft_input.bonus_tokens.to(torch.long)  # [bs]
@@ -516,8 +521,9 @@ class BastionWorker(DFlashWorkerV2):
                 verify.input_ids.view(bs, width),
             )  # fmt: skip
         logits_output, hidden = self._verify(
-            batch, verify, window[:, :width], prefix_cpu, width, grammar, trees
-        )
+            batch, verify, window[:, :width], prefix_cpu, width, grammar, trees,
+            step.grammar_barrier,
+        )  # fmt: skip
         target_tokens = self._target_tokens(batch, logits_output.next_token_logits, bs, width)
         # The whole window: the drafter's block may exceed W.
         depth, kernels = self.block_size - 1, self.options.kernels
@@ -535,6 +541,7 @@ class BastionWorker(DFlashWorkerV2):
     def _verify(
         self, batch: Any, verify: Any, window: torch.Tensor, prefix_cpu: torch.Tensor, width: int,
         grammar: GrammarTree | None = None, trees: TreeBatch | None = None,
+        grammar_barrier: Callable[[], None] | None = None,
     ) -> tuple[Any, torch.Tensor]:  # fmt: skip
         """One target forward over every tree with the tree mask: logits and captured features.
 
@@ -574,7 +581,7 @@ class BastionWorker(DFlashWorkerV2):
         if grammar is not None:  # also clears the prefill's one-row mask, before it is applied
             mask = build_grammar_vocab_mask(
                 reqs=batch.reqs, tree=grammar, sampling_info=batch.sampling_info,
-                device=logits.device, barrier=None,
+                device=logits.device, barrier=grammar_barrier,
             )  # fmt: skip
         if batch.sampling_info is not None:
             self._process_logits(batch, logits, trees, width)

@@ -114,9 +114,9 @@ def complete(url: str, prompt: str, max_tokens: int, **sampling: object) -> tupl
     return body["output_ids"], body["meta_info"]["finish_reason"]["type"]
 
 
-def run_all(url: str, requests_kwargs: list[dict]) -> list[tuple[list[int], str]]:
-    """Send every request, 8 at a time, and return their results in order."""
-    with ThreadPoolExecutor(max_workers=8) as pool:
+def run_all(url: str, requests_kwargs: list[dict], at_once: int = 8) -> list[tuple[list[int], str]]:
+    """Send every request, ``at_once`` at a time, and return their results in order."""
+    with ThreadPoolExecutor(max_workers=at_once) as pool:
         return list(pool.map(lambda kw: complete(url, **dict(kw)), requests_kwargs))
 
 
@@ -157,3 +157,23 @@ def assert_all_same(reference_url: str, batch: list[dict], got: list, want: list
     assert len(got) == len(want) == len(batch)
     for request, one, other in zip(batch, got, want, strict=True):
         assert_same_greedy(reference_url, request["prompt"], one, other)
+
+
+def used_tokens(url: str) -> int:
+    """Tokens the server holds in its KV pool beyond the cached prefixes (0 when idle)."""
+    requests.post(f"{url}/flush_cache", timeout=60)
+    loads = requests.get(f"{url}/v1/loads", params={"include": "core"}, timeout=60).json()
+    return int(loads["loads"][0]["num_used_tokens"])
+
+
+def stream_then_abort(url: str, prompt: str, chunks: int) -> None:
+    """Stream a completion and hang up after ``chunks`` chunks (the server aborts it)."""
+    with requests.post(
+        f"{url}/v1/completions",
+        json={"model": "default", "prompt": prompt, "max_tokens": 40, "stream": True},
+        stream=True,
+        timeout=600,
+    ) as reply:
+        for i, _ in enumerate(reply.iter_lines()):
+            if i >= chunks:
+                break

@@ -26,6 +26,8 @@ from server_utils import (
     dflash_args,
     run_all,
     sglang_server,
+    stream_then_abort,
+    used_tokens,
 )
 
 pytestmark = pytest.mark.slow
@@ -159,30 +161,10 @@ def test_sampled_continuations_follow_the_plain_servers_distribution(plain_url, 
     assert chi2_contingency(table).pvalue > 1e-3, table
 
 
-def used_tokens(url: str) -> int:
-    """Tokens the server holds in its KV pool beyond the cached prefixes (0 when idle)."""
-    requests.post(f"{url}/flush_cache", timeout=60)
-    loads = requests.get(f"{url}/v1/loads", params={"include": "core"}, timeout=60).json()
-    return int(loads["loads"][0]["num_used_tokens"])
-
-
 def test_token_usage_returns_to_idle_after_load(bastion_url):
     before = used_tokens(bastion_url)
     run_all(bastion_url, [{"prompt": p, "max_tokens": 12} for p in PROMPTS[:8]])
     assert used_tokens(bastion_url) == before
-
-
-def stream_then_abort(url: str, prompt: str, chunks: int) -> None:
-    """Stream a completion and hang up after ``chunks`` chunks (the server aborts it)."""
-    with requests.post(
-        f"{url}/v1/completions",
-        json={"model": "default", "prompt": prompt, "max_tokens": 40, "stream": True},
-        stream=True,
-        timeout=600,
-    ) as reply:
-        for i, _ in enumerate(reply.iter_lines()):
-            if i >= chunks:
-                break
 
 
 def tokens(url: str, text: str) -> list[int]:

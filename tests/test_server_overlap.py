@@ -1,44 +1,151 @@
-"""BASTION runs on SGLang's default overlapped scheduler, and on the synchronous one on request.
+"""Exact on either schedule: SGLang's default overlapped one and the synchronous one.
 
-Under overlap the scheduler launches step i before it processes step i-1's result, and the
-worker hands each step's new lengths to SGLang's future map (``on_publish``) for the next one.
-Penalties under overlap are checked in ``test_server_exact_sampling``, whose BASTION servers
-run overlapped against a synchronous plain reference.
+Under overlap the scheduler launches step i before it processes step i-1's result: the worker
+hands each step's new lengths to SGLang's future map (``on_publish``), and a grammar batch
+advances its grammars over the queued step through the scheduler's barrier. Each BASTION
+server here (fixed trees of 16 nodes and the adaptive controller, on each schedule) answers
+the same requests, one at a time and 16 at once, with every sampling parameter, grammars and
+aborted streams, against the plain server on SGLang's synchronous schedule (the reference of
+``test_server_exact_sampling``, whose module doc says why).
+
+Sampled output under overlap is checked in ``test_server_exact_sampling`` and
+``test_server_bastion``, whose BASTION servers run overlapped.
 """
 
 from __future__ import annotations
 
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
 import pytest
 import requests
-from server_utils import SERVER_ENV, assert_all_same, bastion_args, run_all, sglang_server
+from exactness_cases import CASES, PROMPTS, assert_all_same, batch
+from server_utils import (
+    SERVER_ENV,
+    bastion_args,
+    complete,
+    generate,
+    run_all,
+    sglang_server,
+    stream_then_abort,
+    used_tokens,
+)
 
 pytestmark = pytest.mark.slow
 
+PAIR = Path(__file__).resolve().parent.parent / "training" / "pair"
 BACKEND = ["--attention-backend", "bastion_cpu", "--max-total-tokens", "8192"]
-PROMPTS = [f"def g{i}(x):\n    return x - {i} *" for i in range(6)]
-BATCH = [{"prompt": p, "max_tokens": 24 + 5 * (i % 3)} for i, p in enumerate(PROMPTS)]
+ENV = {**SERVER_ENV, "SGLANG_BASTION_TOPK": "8"}
+# 16 requests, every parameter twice: the batch that shares a step.
+SIXTEEN = [request for params in CASES.values() for request in batch(params, PROMPTS[:2])]
+# One at a time, each parameter on its own, cut at lengths that end inside accepted paths.
+ONE_BY_ONE = [
+    {"prompt": PROMPTS[2], "max_tokens": 5 + 3 * i, **params}
+    for i, params in enumerate(CASES.values())
+]
+REGEXES = [r"    return [a-z]{1,8}\([a-z, ]{0,12}\)\n", r"    [a-z_]{1,10} = [0-9]{1,3}\n"]
+GRAMMAR_BATCH = [
+    *({"prompt": p, "max_tokens": 32, "regex": r} for p in PROMPTS for r in REGEXES),
+    *batch({}),
+]  # fmt: skip
+DEPRECATED = "Migrate the plugin worker to support overlap scheduling"
+
+
+class Served(NamedTuple):
+    """A running BASTION server: its URL, log, and the schedule it was given."""
+
+    url: str
+    log: Path
+    overlapped: bool
 
 
 @pytest.fixture(scope="module")
-def plain_url(pair, tmp_path_factory):
-    """The target without speculation, scheduled synchronously."""
+def plain_url(tmp_path_factory):
+    """The trained target without speculation, scheduled synchronously."""
     log = tmp_path_factory.mktemp("logs") / "plain.log"
-    with sglang_server(
-        pair[0], [*BACKEND, "--disable-overlap-schedule"], log, env=SERVER_ENV
-    ) as url:
+    args = [*BACKEND, "--disable-overlap-schedule"]
+    with sglang_server(PAIR / "target", args, log, env=ENV) as url:
         yield url
 
 
-@pytest.mark.parametrize("schedule", ["overlapped", "synchronous"])
-def test_bastion_serves_the_plain_servers_tokens_on_either_schedule(
-    pair, plain_url, tmp_path, schedule
-):
-    args = [*BACKEND, *bastion_args(pair[1], 16)]
+@pytest.fixture(scope="module")
+def plain_outputs(plain_url):
+    """The plain server's greedy outputs for every batch the tests send."""
+    return {
+        "sixteen": run_all(plain_url, SIXTEEN, at_once=16),
+        "one by one": run_all(plain_url, ONE_BY_ONE, at_once=1),
+        "grammar": run_all(plain_url, GRAMMAR_BATCH),
+    }
+
+
+@pytest.fixture(
+    scope="module",
+    params=["overlapped-fixed", "overlapped-adaptive", "synchronous-fixed", "synchronous-adaptive"],
+)
+def bastion(request, tmp_path_factory, tiny_pair_profile):
+    """Each BASTION server in turn: fixed N=16 or adaptive (N_max 32), on either schedule."""
+    schedule, mode = request.param.split("-")
+    log = tmp_path_factory.mktemp(request.param) / "bastion.log"
+    args, env = [*BACKEND, *bastion_args(PAIR / "drafter", 16)], ENV
+    if mode == "adaptive":
+        args = [*BACKEND, *bastion_args(PAIR / "drafter", 32)]
+        env = {**ENV, "SGLANG_BASTION_PROFILE": str(tiny_pair_profile)}
     if schedule == "synchronous":
         args.append("--disable-overlap-schedule")
-    with sglang_server(pair[0], args, tmp_path / "bastion.log", env=SERVER_ENV) as url:
-        info = requests.get(f"{url}/server_info", timeout=60).json()
-        assert info["disable_overlap_schedule"] is (schedule == "synchronous")
-        assert_all_same(plain_url, BATCH, run_all(url, BATCH), run_all(plain_url, BATCH))
-    log = (tmp_path / "bastion.log").read_text()
-    assert "does not support overlap scheduling" not in log
+    with sglang_server(PAIR / "target", args, log, env=env) as url:
+        yield Served(url, log, schedule == "overlapped")
+
+
+def test_the_server_runs_on_the_schedule_it_was_given_without_a_deprecation_warning(bastion):
+    info = requests.get(f"{bastion.url}/server_info", timeout=60).json()
+    assert info["disable_overlap_schedule"] is not bastion.overlapped
+    log = bastion.log.read_text()
+    assert DEPRECATED not in log and "does not support overlap scheduling" not in log
+
+
+def test_one_request_at_a_time_equals_the_plain_server(bastion, plain_url, plain_outputs):
+    got = run_all(bastion.url, ONE_BY_ONE, at_once=1)
+    assert_all_same(plain_url, ONE_BY_ONE, got, plain_outputs["one by one"])
+
+
+def test_sixteen_requests_with_every_parameter_at_once_equal_the_plain_server(
+    bastion, plain_url, plain_outputs
+):
+    got = run_all(bastion.url, SIXTEEN, at_once=16)
+    assert_all_same(plain_url, SIXTEEN, got, plain_outputs["sixteen"])
+
+
+def test_grammar_requests_sharing_a_batch_follow_their_grammar_as_without_speculation(
+    bastion, plain_url, plain_outputs
+):
+    with ThreadPoolExecutor(max_workers=len(GRAMMAR_BATCH)) as pool:
+        replies = list(pool.map(lambda r: generate(bastion.url, temperature=0, **r), GRAMMAR_BATCH))
+    got = [(r["output_ids"], r["meta_info"]["finish_reason"]["type"]) for r in replies]
+    assert_all_same(plain_url, GRAMMAR_BATCH, got, plain_outputs["grammar"])
+    for request, reply in zip(GRAMMAR_BATCH, replies, strict=True):
+        assert "regex" not in request or re.fullmatch(request["regex"], reply["text"]), reply
+
+
+def test_aborted_streams_leave_the_others_exact_and_the_pool_idle(
+    bastion, plain_url, plain_outputs
+):
+    idle = used_tokens(bastion.url)
+    results: dict[int, object] = {}
+
+    def one(i: int) -> None:
+        if i < 12:
+            results[i] = complete(bastion.url, **SIXTEEN[i])
+        else:
+            stream_then_abort(bastion.url, SIXTEEN[i]["prompt"], chunks=2)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    got = [results[i] for i in range(12)]
+    assert_all_same(plain_url, SIXTEEN[:12], got, plain_outputs["sixteen"][:12])
+    assert used_tokens(bastion.url) == idle

@@ -91,6 +91,39 @@ def test_the_surrogate_method_is_the_adaptive_controller_that_does_not_learn() -
     assert surrogate.args == adaptive.args
 
 
+def test_a_sync_suffix_runs_any_method_on_the_synchronous_schedule() -> None:
+    names = ["none", "none-sync", "bastion-8-sync", "bastion-adaptive", "bastion-adaptive-sync"]
+    none, none_sync, fixed_sync, adaptive, adaptive_sync = parse_methods(
+        names, DRAFTER, None, Path("p.json")
+    )
+    assert none_sync.args == [*none.args, "--disable-overlap-schedule"]
+    assert adaptive_sync.args == [*adaptive.args, "--disable-overlap-schedule"]
+    assert adaptive_sync.env == adaptive.env and adaptive_sync.algorithm == "BASTION"
+    assert option(fixed_sync.args, "--speculative-num-draft-tokens") == "8"
+    assert "--disable-overlap-schedule" not in adaptive.args
+    assert [m.name for m in (none_sync, adaptive_sync)] == ["none-sync", "bastion-adaptive-sync"]
+
+
+def test_medians_compare_each_setup_with_itself_on_the_synchronous_schedule(
+    tmp_path: Path,
+) -> None:
+    sync = ["--disable-overlap-schedule"]
+    cells = [
+        {"method": "none", "concurrency": 4, "output_tok_s": 300.0, "itl_p50_ms": 10.0},
+        {"method": "none-sync", "concurrency": 4, "output_tok_s": 250.0, "itl_p50_ms": 12.0,
+         "server": {"args": sync}},
+        adaptive_cell(4, 330.0, 32, overhead=False),
+        adaptive_cell(4, 300.0, 32, overhead=False) | {"method": "bastion-adaptive-sync"},
+    ]  # fmt: skip
+    cells[3]["server"]["args"] = [*cells[3]["server"]["args"], *sync]
+    rows = {r["setup"]: r for r in summary_rows(*collect(load_runs([write_run(tmp_path, cells)])))}
+    assert set(rows) == {"none", "none sync", "adaptive N_max=32", "adaptive N_max=32 sync"}
+    assert rows["none"]["of_sync"] == pytest.approx(300 / 250)
+    assert rows["adaptive N_max=32"]["of_sync"] == pytest.approx(330 / 300)
+    assert rows["none sync"]["of_sync"] is None
+    assert rows["none"]["itl_p50_ms"] == 10.0 and rows["none sync"]["itl_p50_ms"] == 12.0
+
+
 def test_medians_label_a_suffixed_adaptive_method_by_its_mode() -> None:
     cell = adaptive_cell(4, 1.0, 64, overhead=False)
     cell["method"] = "bastion-adaptive-ema_calib"
