@@ -18,7 +18,9 @@ different point of the list (round i is rotated by i*M/R of M methods), so slow 
 shared host's load falls on every method alike; <folder>/medians.{md,png} then compare each
 method's median with the best fixed tree size's (`sweep_medians.py`). ``bastion-adaptive`` runs
 the worker's default controller mode (or ``--adaptive-mode``); ``bastion-adaptive-static``,
-``-ema`` and ``-ema_calib`` name a mode each, so one sweep can compare them side by side.
+``-ema`` and ``-ema_calib`` name a mode each, so one sweep can compare them side by side, and a
+``-sync`` suffix on any method runs it on SGLang's synchronous schedule
+(``--disable-overlap-schedule``) beside the default overlapped one.
 Without a visible CUDA device every method runs with the CPU recipe (bastion_cpu attention,
 bfloat16, TRITON_INTERPRET=1).
 """
@@ -183,7 +185,7 @@ def run_rounds(args: argparse.Namespace) -> tuple[Path, list[str]]:
         rounds.append(done)
         failed += [m for m in failed_here if m not in failed]
     title = f"Medians of {args.repeats} sweeps: {model_name(args.model_path)} on {accelerator}"
-    print(write_medians(rounds, folder, title))
+    print(write_medians(rounds, folder, title, machine()["command"]))
     print(f"medians: {folder / 'medians.md'}")
     return folder, failed
 

@@ -165,12 +165,13 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def write_medians(folders: list[Path], out: Path, title: str) -> str:
+def write_medians(folders: list[Path], out: Path, title: str, command: str = "") -> str:
     """Write medians.md and medians.png of the sweep folders into ``out``; return the table."""
     runs = load_runs(folders)
     rows = summary_rows(*collect(runs), run_shares(runs))
     names = ", ".join(f"`{f.name}`" for f in folders)
-    text = f"# {title}\n\nRuns: {names}.\n\n" + markdown(rows)
+    ran = f"Command: `{command}`\n\n" if command else ""
+    text = f"# {title}\n\n{ran}Runs: {names}.\n\n" + markdown(rows)
     out.mkdir(parents=True, exist_ok=True)
     (out / "medians.md").write_text(text)
     if rows:

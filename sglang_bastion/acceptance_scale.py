@@ -76,6 +76,12 @@ def request_kinds(sampling_info: object, batch_size: int, device: torch.device) 
     return (sampling_info.top_ks.view(-1) != 1).to(torch.long)
 
 
+def host_request_kinds(reqs: list) -> frozenset[int]:
+    """The kinds (GREEDY, SAMPLED) among SGLang requests, from their host sampling parameters."""
+    # SGLang stores a greedy request (temperature 0) as top-k 1.
+    return frozenset(GREEDY if req.sampling_params.top_k == 1 else SAMPLED for req in reqs)
+
+
 def start_requests(state: AcceptanceScale, slots: torch.Tensor, kinds: torch.Tensor) -> None:
     """Reset the requests now in ``slots`` [B] to their kinds' [B] pooled ratio."""
     ratio = state.pool_realised / state.pool_predicted.clamp(min=1e-6)  # [2]

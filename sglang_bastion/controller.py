@@ -201,7 +201,10 @@ class Controller:
     # Learning what is accepted (adaptive modes): the worker passes each step's calibration
     # scales, and a plain step (no draft, the root alone) is an option of every decision.
     learn_acceptance: bool = False
-    max_backoff: int = 8  # at most this many plain steps between two drafted probes
+    # At most this many plain steps between two drafted probes: where trees keep losing, a
+    # probe (a draft pass, or a speculative step that loses) costs about one plain step, so
+    # probes then draft in under 3% of the steps.
+    max_backoff: int = 64
     plain_left: int = 0  # plain steps still to run before the next drafted probe
     backoff: int = 0  # plain steps the last probe that chose plain scheduled
     rate_alpha: float = 0.3  # EMA weight of the newest measured rate
@@ -211,6 +214,8 @@ class Controller:
     _probed: bool = field(default=False, repr=False)  # the last probe speculated: judge it next
     _last_spec_rate: float | None = field(default=None, repr=False)
     _since_plain: int = field(default=0, repr=False)  # drafted steps since the last plain one
+    _kinds: frozenset[int] = field(default=frozenset(), repr=False)  # request kinds joined
+    _plain_kinds: frozenset[int] = field(default=frozenset(), repr=False)  # judged not to pay
 
     def __post_init__(self) -> None:
         """Refuse an adaptive mode without a latency model; settle the width ladder."""
@@ -295,9 +300,13 @@ class Controller:
                 return False
         return True
 
-    def requests_joined(self) -> None:
-        """New requests are in the batch: the next decode step drafts and decides afresh."""
-        self.plain_left = 0
+    def requests_joined(self, kinds: frozenset[int] | None = None) -> None:
+        """New requests of ``kinds`` (GREEDY, SAMPLED; None: unknown) are in the batch: the
+        next decode step drafts and decides afresh, unless plain steps run and every joined
+        kind was in the batch when speculation was last judged not to pay."""
+        if kinds is None or not kinds <= self._plain_kinds:
+            self.plain_left = 0
+        self._kinds |= kinds or frozenset()
 
     def decide(
         self, trees: TreeBatch, context_lens: torch.Tensor, scale: torch.Tensor | None = None
@@ -307,7 +316,8 @@ class Controller:
         ``scale`` [B]: each request's acceptance calibration (``acceptance_scale``); the
         trees are priced by A_cal instead of A_hat, and when no width beats a plain step the
         decision is plain and the next drafted probe waits (1, 2, 4, up to ``max_backoff``
-        plain steps while probes keep choosing plain).
+        plain steps while probes keep choosing plain; requests of a kind not in the batch
+        then end the wait).
         """
         if self.mode == "fixed":
             sizes = fixed_sizes(trees, self.max_nodes)
@@ -366,10 +376,10 @@ class Controller:
             return False
         loses = self._measured_loses(batch, judged=self._probed)
         if not (model_plain if loses is None else loses):
-            self.backoff, self._probed = 0, False
+            self.backoff, self._probed, self._plain_kinds = 0, False, frozenset()
             return False
         self.backoff = min(max(1, 2 * self.backoff), self.max_backoff)
-        self.plain_left, self._probed = self.backoff, False
+        self.plain_left, self._probed, self._plain_kinds = self.backoff, False, self._kinds
         return True
 
     def _measured_loses(self, batch: int, judged: bool) -> bool | None:

@@ -65,6 +65,7 @@ from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_m
 
 from sglang_bastion.acceptance_scale import (
     AcceptanceScale,
+    host_request_kinds,
     new_acceptance_scale,
     observe,
     request_kinds,
@@ -221,7 +222,7 @@ class BastionWorker(DFlashWorkerV2):
                     self.acceptance = new_acceptance_scale(int(slots), self.device)
                 kinds = request_kinds(batch.sampling_info, len(first), first.device)
                 start_requests(self.acceptance, batch.req_pool_indices, kinds)
-                self.controller.requests_joined()
+                self.controller.requests_joined(host_request_kinds(batch.reqs))
             return result
         if batch.forward_mode.is_idle() or batch.spec_info is None:
             self._period = None

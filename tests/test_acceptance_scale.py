@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from sglang_bastion.acceptance_scale import (
     MAX_SCALE,
     SAMPLED,
     calibrated_surrogate,
+    host_request_kinds,
     new_acceptance_scale,
     observe,
     scales,
@@ -103,6 +105,14 @@ def test_a_new_request_starts_from_what_its_kind_was_accepted():
     assert sampled == pytest.approx(0.1, abs=0.02) and greedy == pytest.approx(1.0)
 
 
+def test_request_kinds_are_read_from_the_host_sampling_parameters():
+    def req(top_k: int) -> SimpleNamespace:
+        return SimpleNamespace(sampling_params=SimpleNamespace(top_k=top_k))
+
+    assert host_request_kinds([req(1), req(1)]) == {GREEDY}  # SGLang's greedy: top-k 1
+    assert host_request_kinds([req(1), req(1 << 30)]) == {GREEDY, SAMPLED}
+
+
 def confident_trees(batch: int) -> TreeBatch:
     """Trees of 64 nodes whose drafter is sure of every depth (A_hat far above one)."""
     return trees(batch, nodes=64)
@@ -126,7 +136,7 @@ def run_step(controller: Controller, state, batch: int, accept: float) -> bool:
 
 @pytest.mark.parametrize("layout", ["uniform", "ragged"])
 def test_a_miscalibrated_drafter_falls_back_to_plain_steps_and_recovers(layout):
-    controller = Controller("static", 64, layout, model(), learn_acceptance=True)
+    controller = Controller("static", 64, layout, model(), learn_acceptance=True, max_backoff=8)
     state = new_acceptance_scale(4, "cpu")
     assert run_step(controller, state, 4, accept=1.0)  # trusted at first: it speculates
     overconfident = [run_step(controller, state, 4, accept=0.0) for _ in range(60)]
@@ -143,20 +153,45 @@ def test_a_miscalibrated_drafter_falls_back_to_plain_steps_and_recovers(layout):
     assert settled <= 4 * (controller.max_backoff + 1) and all(recovered[settled:]), recovered
 
 
+def test_where_trees_keep_losing_probes_draft_in_under_three_percent_of_the_steps():
+    controller = Controller("static", 64, "uniform", model(), learn_acceptance=True)
+    state = new_acceptance_scale(4, "cpu")
+    drafted = []
+    for _ in range(1000):
+        plain_before = controller.plain_left
+        run_step(controller, state, 4, accept=0.0)
+        drafted.append(plain_before == 0)  # a step with no plain wait left drafts
+    assert sum(drafted[-500:]) <= 15, sum(drafted[-500:])  # a probe and its judge per wait
+
+
 def test_without_learning_the_controller_never_steps_plainly():
     controller = Controller("static", 64, "uniform", model())
     state = new_acceptance_scale(4, "cpu")
     assert all(run_step(controller, state, 4, accept=0.0) for _ in range(20))
 
 
-def test_a_joining_request_ends_the_plain_wait():
+def plain_waiting(kinds: frozenset[int]) -> Controller:
+    """A controller whose batch of ``kinds`` was judged not to pay, waiting in plain steps."""
     controller = Controller("static", 64, "uniform", model(), learn_acceptance=True)
+    controller.requests_joined(kinds)
     state = new_acceptance_scale(4, "cpu")
     while run_step(controller, state, 4, accept=0.0):
         pass
-    assert not controller.drafts_this_step(4) or controller.plain_left == 0
-    controller.requests_joined()
+    assert controller.plain_left > 0
+    return controller
+
+
+@pytest.mark.parametrize("joined", [frozenset({GREEDY}), None])
+def test_a_joining_request_of_another_or_unknown_kind_ends_the_plain_wait(joined):
+    controller = plain_waiting(frozenset({SAMPLED}))
+    controller.requests_joined(joined)
     assert controller.drafts_this_step(4)
+
+
+def test_a_joining_request_of_a_kind_already_judged_keeps_the_plain_wait():
+    controller = plain_waiting(frozenset({SAMPLED, GREEDY}))
+    controller.requests_joined(frozenset({SAMPLED}))
+    assert not controller.drafts_this_step(4)
 
 
 def test_a_plain_step_is_priced_without_the_draft_pass():

@@ -6,7 +6,8 @@ advances its grammars over the queued step through the scheduler's barrier. Each
 server here (fixed trees of 16 nodes and the adaptive controller, on each schedule) answers
 the same requests, one at a time and 16 at once, with every sampling parameter, grammars and
 aborted streams, against the plain server on SGLang's synchronous schedule (the reference of
-``test_server_exact_sampling``, whose module doc says why).
+``test_server_exact_sampling``, whose module doc says why). Two more BASTION servers run
+SGLang's retraction test mode, where requests are retracted mid-decode and resume later.
 
 Sampled output under overlap is checked in ``test_server_exact_sampling`` and
 ``test_server_bastion``, whose BASTION servers run overlapped.
@@ -14,6 +15,7 @@ Sampled output under overlap is checked in ``test_server_exact_sampling`` and
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +41,13 @@ pytestmark = pytest.mark.slow
 PAIR = Path(__file__).resolve().parent.parent / "training" / "pair"
 BACKEND = ["--attention-backend", "bastion_cpu", "--max-total-tokens", "8192"]
 ENV = {**SERVER_ENV, "SGLANG_BASTION_TOPK": "8"}
+# SGLang's own retraction test mode: every 5th step the server retracts requests from the
+# decode batch (as a full KV pool would); they are re-prefilled and resume later. SGLang's
+# penalizers restart from zero for a re-prefilled request, so a penalised request's output
+# under retraction is not the plain server's even without speculation: these have none.
+RETRACTING = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "5"}
+RETRACTED = re.compile(r"Testing retraction\. #retracted_reqs: ([1-9]\d*)")
+UNPENALISED = [*batch({}), *batch(CASES["stop_token_ids"]), *batch(CASES["logit_bias"])]
 # 16 requests, every parameter twice: the batch that shares a step.
 SIXTEEN = [request for params in CASES.values() for request in batch(params, PROMPTS[:2])]
 # One at a time, each parameter on its own, cut at lengths that end inside accepted paths.
@@ -78,6 +87,7 @@ def plain_outputs(plain_url):
         "sixteen": run_all(plain_url, SIXTEEN, at_once=16),
         "one by one": run_all(plain_url, ONE_BY_ONE, at_once=1),
         "grammar": run_all(plain_url, GRAMMAR_BATCH),
+        "unpenalised": run_all(plain_url, UNPENALISED),
     }
 
 
@@ -87,16 +97,31 @@ def plain_outputs(plain_url):
 )
 def bastion(request, tmp_path_factory, tiny_pair_profile):
     """Each BASTION server in turn: fixed N=16 or adaptive (N_max 32), on either schedule."""
-    schedule, mode = request.param.split("-")
     log = tmp_path_factory.mktemp(request.param) / "bastion.log"
-    args, env = [*BACKEND, *bastion_args(PAIR / "drafter", 16)], ENV
+    with bastion_server(request.param, log, tiny_pair_profile) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def bastion_server(setup: str, log: Path, profile: Path, env: dict | None = None):
+    """A BASTION server of ``setup`` (schedule-mode) with ``env`` added."""
+    schedule, mode = setup.split("-")
+    args, env = [*BACKEND, *bastion_args(PAIR / "drafter", 16)], {**ENV, **(env or {})}
     if mode == "adaptive":
         args = [*BACKEND, *bastion_args(PAIR / "drafter", 32)]
-        env = {**ENV, "SGLANG_BASTION_PROFILE": str(tiny_pair_profile)}
+        env["SGLANG_BASTION_PROFILE"] = str(profile)
     if schedule == "synchronous":
         args.append("--disable-overlap-schedule")
     with sglang_server(PAIR / "target", args, log, env=env) as url:
         yield Served(url, log, schedule == "overlapped")
+
+
+@pytest.fixture(scope="module", params=["overlapped-fixed", "synchronous-adaptive"])
+def retracting(request, tmp_path_factory, tiny_pair_profile):
+    """BASTION servers that retract requests every 5th step (SGLang's test mode)."""
+    log = tmp_path_factory.mktemp(f"retracting-{request.param}") / "bastion.log"
+    with bastion_server(request.param, log, tiny_pair_profile, RETRACTING) as served:
+        yield served
 
 
 def test_the_server_runs_on_the_schedule_it_was_given_without_a_deprecation_warning(bastion):
@@ -149,3 +174,13 @@ def test_aborted_streams_leave_the_others_exact_and_the_pool_idle(
     got = [results[i] for i in range(12)]
     assert_all_same(plain_url, SIXTEEN[:12], got, plain_outputs["sixteen"][:12])
     assert used_tokens(bastion.url) == idle
+
+
+def test_requests_retracted_mid_decode_resume_with_the_plain_servers_tokens(
+    retracting, plain_url, plain_outputs
+):
+    idle = used_tokens(retracting.url)
+    got = run_all(retracting.url, UNPENALISED, at_once=len(UNPENALISED))
+    assert RETRACTED.search(retracting.log.read_text())  # requests were retracted
+    assert_all_same(plain_url, UNPENALISED, got, plain_outputs["unpenalised"])
+    assert used_tokens(retracting.url) == idle
