@@ -133,3 +133,14 @@ def test_the_tree_is_compared_with_the_chain_stage_by_stage():
     assert ratio["preparation"] == pytest.approx(0.25)
     assert ratio["verification"] == pytest.approx(0.05)
     assert ratio["decision_share"] == pytest.approx(0.1 / 13.1)
+
+
+def test_a_slower_host_for_the_tree_is_divided_out_by_the_draft_pass_both_run():
+    rows = summarise([
+        cell("dflash", 1, draft_pass=2.0, verify_forward=10.0),
+        cell("bastion-8", 1, draft_pass=2.2, verify_forward=11.0),  # all 10% slower
+    ])  # fmt: skip
+    (ratio,) = tree_over_chain(rows, "bastion-8", "dflash")
+    assert ratio["verification"] == pytest.approx(0.1)
+    assert ratio["verification_at_equal_drift"] == pytest.approx(0.0)
+    assert ratio["preparation_at_equal_drift"] == pytest.approx(0.0)
