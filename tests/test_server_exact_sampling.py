@@ -181,6 +181,19 @@ def test_sampling_that_accepts_little_falls_back_to_plain_steps(adaptive_url, pl
     assert complete(adaptive_url, PROMPTS[0], LENGTH) == complete(plain_url, PROMPTS[0], LENGTH)
 
 
+def test_sampled_output_in_plain_steps_follows_the_plain_servers_distribution(
+    adaptive_url, plain_samples
+):
+    # after the test above the controller knows sampled requests accept little: they step
+    # plainly, and what they emit there is still the target's distribution
+    before = bastion_state(adaptive_url)
+    served = sampled_prefixes(adaptive_url, SAMPLES, 3, **PENALTY)
+    after = bastion_state(adaptive_url)
+    steps = after["steps"] - before["steps"]
+    assert after["plain_steps"] - before["plain_steps"] > steps / 2, (before, after)
+    assert homogeneity(plain_samples[0], served) > 1e-3, (plain_samples[0], served)
+
+
 BASTION_SERIES = (
     "sglang:bastion_mean_tree_size", "sglang:bastion_verify_width",
     "sglang:bastion_predicted_accept_length", "sglang:bastion_realised_accept_length",
