@@ -184,8 +184,11 @@ def test_sampling_that_accepts_little_falls_back_to_plain_steps(adaptive_url, pl
 def test_sampled_output_in_plain_steps_follows_the_plain_servers_distribution(
     adaptive_url, plain_samples
 ):
-    # after the test above the controller knows sampled requests accept little: they step
+    # once the controller has learned that sampled requests accept little, they step
     # plainly, and what they emit there is still the target's distribution
+    learn = {"max_new_tokens": 48, "temperature": 1.0, "ignore_eos": True}
+    body = {"text": PROMPTS * 3, "sampling_params": learn}
+    requests.post(f"{adaptive_url}/generate", json=body, timeout=600).raise_for_status()
     before = bastion_state(adaptive_url)
     served = sampled_prefixes(adaptive_url, SAMPLES, 3, **PENALTY)
     after = bastion_state(adaptive_url)
