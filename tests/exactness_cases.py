@@ -24,6 +24,7 @@ CASES = {
     "min_new_tokens": {"min_new_tokens": 14, "stop_token_ids": [15]},
     "stop_token_ids": {"stop_token_ids": [15]},
     "logit_bias": {"logit_bias": {"15": -100.0, "11": 4.0}},
+    "stop string": {"stop": ["\n"]},  # cut by the scheduler inside an accepted path
     "all penalties": {
         "frequency_penalty": 0.4, "presence_penalty": 0.3, "repetition_penalty": 1.2,
         "min_new_tokens": 10, "stop_token_ids": [11],

@@ -4,9 +4,10 @@ Under overlap the scheduler launches step i before it processes step i-1's resul
 hands each step's new lengths to SGLang's future map (``on_publish``), and a grammar batch
 advances its grammars over the queued step through the scheduler's barrier. Each BASTION
 server here (fixed trees of 16 nodes and the adaptive controller, on each schedule) answers
-the same requests, one at a time and 16 at once, with every sampling parameter, grammars and
-aborted streams, against the plain server on SGLang's synchronous schedule (the reference of
-``test_server_exact_sampling``, whose module doc says why). Two more BASTION servers run
+the same requests, one at a time and 18 at once, with every sampling parameter (stop strings
+included), grammars, logprobs and aborted streams, against the plain server on SGLang's
+synchronous schedule (the reference of ``test_server_exact_sampling``, whose module doc says
+why). Two more BASTION servers run
 SGLang's retraction test mode, where requests are retracted mid-decode and resume later.
 
 Sampled output under overlap is checked in ``test_server_exact_sampling`` and
@@ -48,8 +49,8 @@ ENV = {**SERVER_ENV, "SGLANG_BASTION_TOPK": "8"}
 RETRACTING = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "5"}
 RETRACTED = re.compile(r"Testing retraction\. #retracted_reqs: ([1-9]\d*)")
 UNPENALISED = [*batch({}), *batch(CASES["stop_token_ids"]), *batch(CASES["logit_bias"])]
-# 16 requests, every parameter twice: the batch that shares a step.
-SIXTEEN = [request for params in CASES.values() for request in batch(params, PROMPTS[:2])]
+# 18 requests, every parameter twice: the batch that shares a step.
+SHARED = [request for params in CASES.values() for request in batch(params, PROMPTS[:2])]
 # One at a time, each parameter on its own, cut at lengths that end inside accepted paths.
 ONE_BY_ONE = [
     {"prompt": PROMPTS[2], "max_tokens": 5 + 3 * i, **params}
@@ -84,7 +85,7 @@ def plain_url(tmp_path_factory):
 def plain_outputs(plain_url):
     """The plain server's greedy outputs for every batch the tests send."""
     return {
-        "sixteen": run_all(plain_url, SIXTEEN, at_once=16),
+        "shared": run_all(plain_url, SHARED, at_once=len(SHARED)),
         "one by one": run_all(plain_url, ONE_BY_ONE, at_once=1),
         "grammar": run_all(plain_url, GRAMMAR_BATCH),
         "unpenalised": run_all(plain_url, UNPENALISED),
@@ -136,11 +137,11 @@ def test_one_request_at_a_time_equals_the_plain_server(bastion, plain_url, plain
     assert_all_same(plain_url, ONE_BY_ONE, got, plain_outputs["one by one"])
 
 
-def test_sixteen_requests_with_every_parameter_at_once_equal_the_plain_server(
+def test_requests_with_every_parameter_at_once_equal_the_plain_server(
     bastion, plain_url, plain_outputs
 ):
-    got = run_all(bastion.url, SIXTEEN, at_once=16)
-    assert_all_same(plain_url, SIXTEEN, got, plain_outputs["sixteen"])
+    got = run_all(bastion.url, SHARED, at_once=len(SHARED))
+    assert_all_same(plain_url, SHARED, got, plain_outputs["shared"])
 
 
 def test_grammar_requests_sharing_a_batch_follow_their_grammar_as_without_speculation(
@@ -162,9 +163,9 @@ def test_aborted_streams_leave_the_others_exact_and_the_pool_idle(
 
     def one(i: int) -> None:
         if i < 12:
-            results[i] = complete(bastion.url, **SIXTEEN[i])
+            results[i] = complete(bastion.url, **SHARED[i])
         else:
-            stream_then_abort(bastion.url, SIXTEEN[i]["prompt"], chunks=2)
+            stream_then_abort(bastion.url, SHARED[i]["prompt"], chunks=2)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
     for thread in threads:
@@ -172,7 +173,7 @@ def test_aborted_streams_leave_the_others_exact_and_the_pool_idle(
     for thread in threads:
         thread.join(timeout=600)
     got = [results[i] for i in range(12)]
-    assert_all_same(plain_url, SIXTEEN[:12], got, plain_outputs["sixteen"][:12])
+    assert_all_same(plain_url, SHARED[:12], got, plain_outputs["shared"][:12])
     assert used_tokens(bastion.url) == idle
 
 
@@ -184,3 +185,20 @@ def test_requests_retracted_mid_decode_resume_with_the_plain_servers_tokens(
     assert RETRACTED.search(retracting.log.read_text())  # requests were retracted
     assert_all_same(plain_url, UNPENALISED, got, plain_outputs["unpenalised"])
     assert used_tokens(retracting.url) == idle
+
+
+def test_logprobs_are_those_of_the_emitted_tokens_as_without_speculation(bastion, plain_url):
+    body = {"text": PROMPTS[1], "sampling_params": {"max_new_tokens": 24, "temperature": 0},
+            "return_logprob": True}  # fmt: skip
+    tree, plain = (
+        requests.post(f"{u}/generate", json=body, timeout=600).json()
+        for u in (bastion.url, plain_url)
+    )
+    assert tree["output_ids"] == plain["output_ids"]
+    got, want = (
+        tree["meta_info"]["output_token_logprobs"],
+        plain["meta_info"]["output_token_logprobs"],
+    )
+    assert [t for _, t, _ in got] == tree["output_ids"]
+    for (mine, _, _), (theirs, _, _) in zip(got, want, strict=True):
+        assert mine == pytest.approx(theirs, abs=0.05)  # bf16: verify against decode pass
