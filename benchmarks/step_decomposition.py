@@ -74,7 +74,9 @@ def scheduler_pid(port: int) -> int:
     raise RuntimeError(f"no SGLang scheduler process under the server on port {port}")
 
 
-def steady_load(url: str, prompts: list[str], clients: int, tokens: int, stop: threading.Event):
+def steady_load(
+    url: str, prompts: list[str], clients: int, tokens: int, stop: threading.Event
+) -> list[threading.Thread]:
     """``clients`` threads sending one greedy request after another until ``stop``."""
     body = {"sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}}
 
@@ -96,7 +98,9 @@ def decode_lines(log: Path) -> int:
     return log.read_text(errors="replace").count(DECODE_LINE)
 
 
-def measure_cell(url: str, log: Path, prompts: list[str], clients: int, args) -> dict:
+def measure_cell(
+    url: str, log: Path, prompts: list[str], clients: int, args: argparse.Namespace
+) -> dict:
     """One (method, C) cell: samples per stage, steps and wall time of the sampled window."""
     warm_up(url, prompts, clients, 16)  # every batch size once, short
     stop = threading.Event()

@@ -32,9 +32,10 @@ STAGES = (
     "scheduler",  # the scheduler's own host work between decode steps
     "prefill",  # prefill and idle batches, outside the decode step
 )
-STEP_STAGES = STAGES[:9]  # the decode step proper
-PREPARATION = STAGES[:4]
-VERIFICATION = STAGES[4:7]
+OUTSIDE_THE_STEP = ("scheduler", "prefill")
+STEP_STAGES = tuple(s for s in STAGES if s not in OUTSIDE_THE_STEP)  # the decode step proper
+PREPARATION = ("draft pass", "draft head", "tree build", "verify inputs")
+VERIFICATION = ("verify forward", "target tokens and acceptance", "KV and draft-KV writes")
 FRAME = re.compile(r"^(?P<name>.*) \((?P<path>[^()]*?):(?P<line>\d+)\)$")
 SCHEDULER_ROOT = "run_scheduler_process"  # the scheduler's main thread (not its helpers)
 BASTION_STEP = "BastionWorker._tree_step"

@@ -20,6 +20,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from sweep_methods import SYNC_ARGS, SYNC_SUFFIX
+
 Key = tuple[str, int]  # (setup label, concurrency)
 
 
@@ -29,8 +31,8 @@ SYNC = " sync"  # the label's suffix for a setup on SGLang's synchronous schedul
 def cell_label(cell: dict) -> str:
     """The server setup a cell measured (see the module docstring)."""
     args = cell.get("server", {}).get("args", [])
-    schedule = SYNC if "--disable-overlap-schedule" in args else ""
-    method = cell["method"].removesuffix("-sync")
+    schedule = SYNC if all(a in args for a in SYNC_ARGS) else ""
+    method = cell["method"].removesuffix(SYNC_SUFFIX)
     if not method.startswith("bastion-adaptive"):
         return method + schedule
     flag = "--speculative-num-draft-tokens"
