@@ -2,6 +2,7 @@
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,35 @@ def pair(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("pair")
     target = write_target(root / "target", few_tokens=FEW_TOKENS)
     return target, write_drafter(root / "drafter", target)
+
+
+@pytest.fixture(scope="session")
+def plain_url(tmp_path_factory) -> Iterator[str]:
+    """The trained target without speculation on SGLang's synchronous schedule: the reference.
+
+    Its default overlapped schedule counts each output token into the penalties one step late,
+    and the prompt's last token at the first step (``ScheduleBatch.cumulate_penalty_output_tokens``
+    reads ``req.output_ids[-1]`` before the previous step's result is processed); BASTION, like
+    the synchronous plain server, penalises each token from the step after it was emitted.
+    One server for the whole run: every module that compares with it sends its own prompts.
+    """
+    from server_utils import TRAINED_ARGS, TRAINED_ENV, TRAINED_PAIR, sglang_server
+
+    log = tmp_path_factory.mktemp("plain") / "plain.log"
+    args = [*TRAINED_ARGS, "--disable-overlap-schedule"]
+    with sglang_server(TRAINED_PAIR / "target", args, log, env=TRAINED_ENV) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def fixed_server(tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    """(URL, log) of BASTION on the trained pair with trees of 16 nodes, SGLang's defaults."""
+    from server_utils import TRAINED_ARGS, TRAINED_ENV, TRAINED_PAIR, bastion_args, sglang_server
+
+    log = tmp_path_factory.mktemp("fixed") / "bastion.log"
+    args = [*TRAINED_ARGS, *bastion_args(TRAINED_PAIR / "drafter", 16)]
+    with sglang_server(TRAINED_PAIR / "target", args, log, env=TRAINED_ENV) as url:
+        yield url, log
 
 
 @pytest.fixture(scope="session")

@@ -43,6 +43,11 @@ def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 SGLANG_SERVE = (str(Path(sys.executable).with_name("sglang")), "serve")  # the console script
 
+# The shipped trained pair and how its test servers are started (the tree lattice's top-8).
+TRAINED_PAIR = Path(__file__).resolve().parent.parent / "training" / "pair"
+TRAINED_ARGS = ["--attention-backend", "bastion_cpu", "--max-total-tokens", "8192"]
+TRAINED_ENV = {**SERVER_ENV, "SGLANG_BASTION_TOPK": "8"}
+
 
 def launch_command(
     model: Path, args: Sequence[str], port: int, launcher: Sequence[str] = LAUNCH_SERVER

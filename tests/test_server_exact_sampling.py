@@ -5,23 +5,19 @@ BASTION with the shipped profile. Every penalty and stop parameter is sent with 
 it changes the plain server's greedy output (checked first, so no test passes vacuously),
 several requests at once so that different parameters share a batch.
 
-The plain reference runs SGLang's synchronous schedule. Its default overlapped schedule
-counts each output token into the penalties one step late, and the prompt's last token at the
-first step (``ScheduleBatch.cumulate_penalty_output_tokens`` reads ``req.output_ids[-1]``
-before the previous step's result is processed); BASTION, like the synchronous plain server,
-penalises each token from the step after it was emitted.
+The plain reference runs SGLang's synchronous schedule (the ``plain_url`` fixture says why).
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import requests
 from exactness_cases import CASES, LENGTH, PROMPTS, assert_all_same, batch
 from scipy.stats import chi2_contingency
 from server_utils import (
-    SERVER_ENV,
+    TRAINED_ARGS,
+    TRAINED_ENV,
+    TRAINED_PAIR,
     bastion_args,
     complete,
     run_all,
@@ -30,28 +26,11 @@ from server_utils import (
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
-PAIR = ROOT / "training" / "pair"
-BACKEND = ["--attention-backend", "bastion_cpu", "--max-total-tokens", "8192"]
-ENV = {**SERVER_ENV, "SGLANG_BASTION_TOPK": "8"}
-
 
 @pytest.fixture(scope="module")
-def plain_url(tmp_path_factory):
-    """The trained target without speculation, scheduled synchronously (see the module doc)."""
-    log = tmp_path_factory.mktemp("logs") / "plain.log"
-    args = [*BACKEND, "--disable-overlap-schedule"]
-    with sglang_server(PAIR / "target", args, log, env=ENV, timeout_s=480) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def fixed_url(tmp_path_factory):
+def fixed_url(fixed_server):
     """BASTION with trees of 16 nodes."""
-    log = tmp_path_factory.mktemp("logs") / "fixed.log"
-    args = [*BACKEND, *bastion_args(PAIR / "drafter", 16)]
-    with sglang_server(PAIR / "target", args, log, env=ENV, timeout_s=480) as url:
-        yield url
+    return fixed_server[0]
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +39,9 @@ def adaptive_url(tmp_path_factory, tiny_pair_profile):
     SGLang's Prometheus metrics published every 4 decode steps."""
     log = tmp_path_factory.mktemp("logs") / "adaptive.log"
     metrics = ["--enable-metrics", "--decode-log-interval", "4"]
-    args = [*BACKEND, *bastion_args(PAIR / "drafter", 32), *metrics]
-    env = {**ENV, "SGLANG_BASTION_PROFILE": str(tiny_pair_profile)}
-    with sglang_server(PAIR / "target", args, log, env=env, timeout_s=480) as url:
+    args = [*TRAINED_ARGS, *bastion_args(TRAINED_PAIR / "drafter", 32), *metrics]
+    env = {**TRAINED_ENV, "SGLANG_BASTION_PROFILE": str(tiny_pair_profile)}
+    with sglang_server(TRAINED_PAIR / "target", args, log, env=env, timeout_s=480) as url:
         yield url
 
 

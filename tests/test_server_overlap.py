@@ -6,8 +6,7 @@ advances its grammars over the queued step through the scheduler's barrier. Each
 server here (fixed trees of 16 nodes and the adaptive controller, on each schedule) answers
 the same requests, one at a time and 18 at once, with every sampling parameter (stop strings
 included), grammars, logprobs and aborted streams, against the plain server on SGLang's
-synchronous schedule (the reference of ``test_server_exact_sampling``, whose module doc says
-why). Two more BASTION servers run
+synchronous schedule (the ``plain_url`` fixture says why). Two more BASTION servers run
 SGLang's retraction test mode, where requests are retracted mid-decode and resume later.
 
 Sampled output under overlap is checked in ``test_server_exact_sampling`` and
@@ -27,7 +26,9 @@ import pytest
 import requests
 from exactness_cases import CASES, PROMPTS, assert_all_same, batch
 from server_utils import (
-    SERVER_ENV,
+    TRAINED_ARGS,
+    TRAINED_ENV,
+    TRAINED_PAIR,
     bastion_args,
     complete,
     generate,
@@ -39,9 +40,6 @@ from server_utils import (
 
 pytestmark = pytest.mark.slow
 
-PAIR = Path(__file__).resolve().parent.parent / "training" / "pair"
-BACKEND = ["--attention-backend", "bastion_cpu", "--max-total-tokens", "8192"]
-ENV = {**SERVER_ENV, "SGLANG_BASTION_TOPK": "8"}
 # SGLang's own retraction test mode: every 5th step the server retracts requests from the
 # decode batch (as a full KV pool would); they are re-prefilled and resume later. SGLang's
 # penalizers restart from zero for a re-prefilled request, so a penalised request's output
@@ -73,15 +71,6 @@ class Served(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def plain_url(tmp_path_factory):
-    """The trained target without speculation, scheduled synchronously."""
-    log = tmp_path_factory.mktemp("logs") / "plain.log"
-    args = [*BACKEND, "--disable-overlap-schedule"]
-    with sglang_server(PAIR / "target", args, log, env=ENV) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
 def plain_outputs(plain_url):
     """The plain server's greedy outputs for every batch the tests send."""
     return {
@@ -98,6 +87,9 @@ def plain_outputs(plain_url):
 )
 def bastion(request, tmp_path_factory, tiny_pair_profile):
     """Each BASTION server in turn: fixed N=16 or adaptive (N_max 32), on either schedule."""
+    if request.param == "overlapped-fixed":  # SGLang's defaults: the run's shared server
+        yield Served(*request.getfixturevalue("fixed_server"), overlapped=True)
+        return
     log = tmp_path_factory.mktemp(request.param) / "bastion.log"
     with bastion_server(request.param, log, tiny_pair_profile) as served:
         yield served
@@ -107,13 +99,14 @@ def bastion(request, tmp_path_factory, tiny_pair_profile):
 def bastion_server(setup: str, log: Path, profile: Path, env: dict | None = None):
     """A BASTION server of ``setup`` (schedule-mode) with ``env`` added."""
     schedule, mode = setup.split("-")
-    args, env = [*BACKEND, *bastion_args(PAIR / "drafter", 16)], {**ENV, **(env or {})}
+    args = [*TRAINED_ARGS, *bastion_args(TRAINED_PAIR / "drafter", 16)]
+    env = {**TRAINED_ENV, **(env or {})}
     if mode == "adaptive":
-        args = [*BACKEND, *bastion_args(PAIR / "drafter", 32)]
+        args = [*TRAINED_ARGS, *bastion_args(TRAINED_PAIR / "drafter", 32)]
         env["SGLANG_BASTION_PROFILE"] = str(profile)
     if schedule == "synchronous":
         args.append("--disable-overlap-schedule")
-    with sglang_server(PAIR / "target", args, log, env=env) as url:
+    with sglang_server(TRAINED_PAIR / "target", args, log, env=env) as url:
         yield Served(url, log, schedule == "overlapped")
 
 

@@ -2,24 +2,28 @@
 
 SGLang's CPU path needs each rank's cores named (``SGLANG_CPU_OMP_THREADS_BIND``) and, on a
 host without NCCL, gloo groups (a stand-in in ``sglang_standins``). Two servers: the plain
-target and BASTION on two ranks; trained pair, HumanEval prompts, greedy. That the merged
-shards give the unsharded draft head exactly is tested without servers
-(``test_kernels_draft_head.py``).
+target (the run's shared one, on one rank) and BASTION on two ranks; trained pair, HumanEval
+prompts, greedy. That the merged shards give the unsharded draft head exactly is tested
+without servers (``test_kernels_draft_head.py``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import requests
-from server_utils import SERVER_ENV, assert_all_same, bastion_args, run_all, sglang_server
+from server_utils import (
+    TRAINED_ARGS,
+    TRAINED_ENV,
+    TRAINED_PAIR,
+    assert_all_same,
+    bastion_args,
+    run_all,
+    sglang_server,
+)
 
 pytestmark = pytest.mark.slow
 
-PAIR = Path(__file__).resolve().parent.parent / "training" / "pair"
-BACKEND = ["--attention-backend", "bastion_cpu", "--max-total-tokens", "8192"]
-ENV = {**SERVER_ENV, "SGLANG_BASTION_TOPK": "8", "SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
+ENV = {**TRAINED_ENV, "SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
 PROMPTS = [
     "def fibonacci(n):\n",
     "import os\nimport sys\n\n\ndef main():\n",
@@ -30,19 +34,17 @@ BATCH = [{"prompt": p, "max_tokens": 40} for p in PROMPTS]
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory):
+def plain(plain_url):
     """(URL, greedy replies) of the plain target, kept up to settle ties."""
-    log = tmp_path_factory.mktemp("logs") / "plain.log"
-    with sglang_server(PAIR / "target", BACKEND, log, env=ENV) as url:
-        yield url, run_all(url, BATCH)
+    return plain_url, run_all(plain_url, BATCH)
 
 
 @pytest.fixture(scope="module")
 def bastion(plain, tmp_path_factory):
     """(greedy replies, BASTION counters) of BASTION on two ranks."""
     log = tmp_path_factory.mktemp("logs") / "tp2.log"
-    args = [*BACKEND, *bastion_args(PAIR / "drafter", 16), "--tp-size", "2"]
-    with sglang_server(PAIR / "target", args, log, env=ENV) as url:
+    args = [*TRAINED_ARGS, *bastion_args(TRAINED_PAIR / "drafter", 16), "--tp-size", "2"]
+    with sglang_server(TRAINED_PAIR / "target", args, log, env=ENV) as url:
         replies = run_all(url, BATCH)
         info = requests.get(f"{url}/server_info", timeout=60).json()["internal_states"][0]
         return replies, info["bastion"]

@@ -17,7 +17,9 @@ import pytest
 import requests
 import torch
 from server_utils import (
-    SERVER_ENV,
+    TRAINED_ARGS,
+    TRAINED_ENV,
+    TRAINED_PAIR,
     assert_all_same,
     bastion_args,
     run_all,
@@ -33,10 +35,7 @@ import simulate
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-PAIR = ROOT / "training" / "pair"
 SHIPPED_PROFILE = ROOT / "calibration" / "profiles" / "tiny-pair-cpu.json"
-BACKEND = ["--attention-backend", "bastion_cpu", "--max-total-tokens", "8192"]
-ENV = {**SERVER_ENV, "SGLANG_BASTION_TOPK": "8"}
 
 
 def humaneval_prompts(count: int) -> list[str]:
@@ -50,20 +49,12 @@ PROMPTS = humaneval_prompts(4)
 
 
 @pytest.fixture(scope="module")
-def plain_url(tmp_path_factory):
-    """The trained target without speculation."""
-    log = tmp_path_factory.mktemp("logs") / "plain.log"
-    with sglang_server(PAIR / "target", BACKEND, log, env=ENV) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
 def traced(tmp_path_factory):
     """(URL, trace file) of BASTION with trees of up to 16 nodes, tracing every step."""
     folder = tmp_path_factory.mktemp("traced")
-    env = {**ENV, "SGLANG_BASTION_TRACE": str(folder / "trace.jsonl")}
-    args = [*BACKEND, *bastion_args(PAIR / "drafter", 16)]
-    with sglang_server(PAIR / "target", args, folder / "bastion.log", env=env) as url:
+    env = {**TRAINED_ENV, "SGLANG_BASTION_TRACE": str(folder / "trace.jsonl")}
+    args = [*TRAINED_ARGS, *bastion_args(TRAINED_PAIR / "drafter", 16)]
+    with sglang_server(TRAINED_PAIR / "target", args, folder / "bastion.log", env=env) as url:
         yield url, folder / "trace.jsonl"
 
 
@@ -104,7 +95,10 @@ def test_server_info_shows_the_controller_and_its_running_averages(traced, serve
 
 def test_the_drafter_module_gives_the_marginals_sglangs_drafter_gave(plain_url, traced, served):
     _, steps = simulate.read_trace(traced[1])
-    target, drafter = load_target(PAIR / "target"), DFlashDrafter.load(PAIR / "drafter").eval()
+    target, drafter = (
+        load_target(TRAINED_PAIR / "target"),
+        DFlashDrafter.load(TRAINED_PAIR / "drafter").eval(),
+    )
     prompt_ids = requests.post(f"{plain_url}/tokenize", json={"prompt": PROMPTS[0]}).json()
     reply = served[2][0]
     seq = torch.tensor([prompt_ids["tokens"] + reply["output_ids"]])  # [1, T]
@@ -187,9 +181,9 @@ def profile(tiny_pair_profile: Path) -> Path:
 def adaptive_url(tmp_path_factory, profile):
     """BASTION with the adaptive controller (trees of up to 64 nodes) and the profile."""
     log = tmp_path_factory.mktemp("logs") / "adaptive.log"
-    env = {**ENV, "SGLANG_BASTION_PROFILE": str(profile)}
-    args = [*BACKEND, *bastion_args(PAIR / "drafter", 64)]
-    with sglang_server(PAIR / "target", args, log, env=env) as url:
+    env = {**TRAINED_ENV, "SGLANG_BASTION_PROFILE": str(profile)}
+    args = [*TRAINED_ARGS, *bastion_args(TRAINED_PAIR / "drafter", 64)]
+    with sglang_server(TRAINED_PAIR / "target", args, log, env=env) as url:
         yield url
 
 
@@ -199,11 +193,11 @@ def profile_only_url(tmp_path_factory, profile):
     A_hat as it is: the paper's surrogate controller)."""
     log = tmp_path_factory.mktemp("logs") / "profile-only.log"
     env = {
-        **ENV, "SGLANG_BASTION_PROFILE": str(profile), "SGLANG_BASTION_MEASURE_OVERHEAD": "0",
-        "SGLANG_BASTION_LEARN_ACCEPTANCE": "0",
+        **TRAINED_ENV, "SGLANG_BASTION_PROFILE": str(profile),
+        "SGLANG_BASTION_MEASURE_OVERHEAD": "0", "SGLANG_BASTION_LEARN_ACCEPTANCE": "0",
     }  # fmt: skip
-    args = [*BACKEND, *bastion_args(PAIR / "drafter", 64)]
-    with sglang_server(PAIR / "target", args, log, env=env) as url:
+    args = [*TRAINED_ARGS, *bastion_args(TRAINED_PAIR / "drafter", 64)]
+    with sglang_server(TRAINED_PAIR / "target", args, log, env=env) as url:
         yield url
 
 

@@ -91,8 +91,8 @@ class Recipe:
 
     def quick(self) -> Recipe:
         """A few steps of everything, to check the pipeline (not a usable pair)."""
-        small = {"corpus_chars": 400_000, "seq_len": 128, "target_steps": 4, "target_batch": 4}
-        small |= {"distill_sequences": 8, "continuation": 32, "drafter_steps": 4, "anchors": 4}
+        small = {"corpus_chars": 400_000, "seq_len": 128, "target_steps": 2, "target_batch": 4}
+        small |= {"distill_sequences": 8, "continuation": 32, "drafter_steps": 2, "anchors": 4}
         return Recipe(**{**asdict(self), **small, "target": self.target})
 
 
