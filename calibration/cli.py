@@ -152,11 +152,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before SGLang imports Triton
     started = time.perf_counter()
     # Heavy imports (SGLang, the workers) only now, so --help stays instant.
+    import torch
+
     from sglang_bastion.calibration.report import measurement_table, write_profile
     from sglang_bastion.calibration.runtime import start_runtime
 
     runtime = start_runtime(argv_server)
     grid = grid.fitted_to(runtime.max_tokens, runtime.max_context)
+    with torch.no_grad():  # verify graphs at the grid's widths, as a server at those widths runs
+        runtime.worker.capture_tree_verify_graphs(grid.tokens)
     print(
         f"bastion-calibrate: timing {len(grid.batch_sizes)} batch sizes x {len(grid.tokens)} "
         f"widths x {len(grid.context_lens)} context lengths ({grid.num_timings} passes, "

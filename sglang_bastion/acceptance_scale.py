@@ -35,6 +35,7 @@ import torch
 from sglang_bastion.tree.batch import TreeBatch
 
 GREEDY, SAMPLED = 0, 1  # a request's kind: its pool
+GREEDY_TOP_K = 1  # SGLang stores a greedy request (temperature 0) as top-k 1, temperature 1
 MAX_SCALE = 4.0  # the most the calibration inflates the drafter's expected accepted drafts
 
 
@@ -71,15 +72,16 @@ def new_acceptance_scale(
 def request_kinds(sampling_info: object, batch_size: int, device: torch.device) -> torch.Tensor:
     """[B] long: GREEDY or SAMPLED for every request of a batch (SGLang's sampling info)."""
     if sampling_info is None or getattr(sampling_info, "is_all_greedy", True):
-        return torch.zeros(batch_size, dtype=torch.long, device=device)
-    # SGLang marks a greedy request by top-k 1 (its temperature reads 1.0 then).
-    return (sampling_info.top_ks.view(-1) != 1).to(torch.long)
+        return torch.full((batch_size,), GREEDY, dtype=torch.long, device=device)
+    greedy = sampling_info.top_ks.view(-1) == GREEDY_TOP_K
+    return torch.where(greedy, GREEDY, SAMPLED)
 
 
 def host_request_kinds(reqs: list) -> frozenset[int]:
     """The kinds (GREEDY, SAMPLED) among SGLang requests, from their host sampling parameters."""
-    # SGLang stores a greedy request (temperature 0) as top-k 1.
-    return frozenset(GREEDY if req.sampling_params.top_k == 1 else SAMPLED for req in reqs)
+    return frozenset(
+        GREEDY if req.sampling_params.top_k == GREEDY_TOP_K else SAMPLED for req in reqs
+    )
 
 
 def start_requests(state: AcceptanceScale, slots: torch.Tensor, kinds: torch.Tensor) -> None:

@@ -1,12 +1,13 @@
-"""Which passes run in CUDA graphs: the drafter's block does, the target's tree verify does not.
+"""SGLang's own decode graphs: a BASTION target captures none, its worker captures its own.
 
 SGLang captures the target's TARGET_VERIFY graphs for DFlash without an attention mask (its
 FlashInfer and Triton graph metadata carry none for DFlash), and replays one whenever the
 verify width equals the captured width. A BASTION tree replayed in such a graph would be
-attended causally: wrong tokens, silently. So a BASTION target captures no decode graphs and
-its verify runs eagerly (SGLang's EagerRunner); the drafter's block pass keeps DFlash's own
-graphs, which its worker captures separately. SGLang still captures the target's prefill
-graphs as configured.
+attended causally: wrong tokens, silently. So a BASTION target captures none of SGLang's
+decode graphs; the worker then captures tree-verify graphs that carry the mask, one per
+verify width, where the backend allows (``verify_graphs.py``), and verifies eagerly
+elsewhere. The drafter's block pass keeps DFlash's own graphs, which its worker captures
+separately. SGLang still captures the target's prefill graphs as configured.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def eager_tree_verify(*args: Any, **kwargs: Any) -> tuple[tuple, dict] | None:
     if runner.is_draft_worker or not isinstance(runner.spec_algorithm, BastionSpecAlgo):
         return None
     logger.info(
-        "BASTION: the target verifies trees eagerly (SGLang's verify graphs carry no tree "
-        "mask); the drafter's block pass runs in its graphs"
+        "BASTION: the target captures none of SGLang's decode graphs (its verify graphs carry "
+        "no tree mask); the drafter's block pass runs in its graphs"
     )
     return args[:1], {**kwargs, "capture_decode_cuda_graph": False}

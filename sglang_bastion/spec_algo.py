@@ -8,7 +8,6 @@ worker cannot serve with one line naming the problem and the fix.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import re
@@ -166,7 +165,7 @@ def tree_verify_backend(device: str) -> str:
     """The attention backend BASTION serves with on ``device`` when none was named."""
     if device.startswith("cpu"):
         return "bastion_cpu"
-    return "flashinfer" if importlib.util.find_spec("flashinfer") is not None else "triton"
+    return "triton"  # its verify graphs carry the tree mask (verify_graphs.py)
 
 
 def validate_server_args(server_args: Any) -> None:

@@ -23,6 +23,8 @@ class BastionStats:
 
     steps: int = 0  # decode steps
     plain_steps: int = 0  # decode steps that drafted nothing: every request its root alone
+    graph_verifies: int = 0  # decode steps whose tree verify replayed a captured graph
+    steps_by_width: dict[int, int] = field(default_factory=dict)  # decode steps per verify width
     request_steps: int = 0  # sum over steps of requests in the batch
     verify_tokens: int = 0  # sum over steps of batch size x verify width
     timed_steps: int = 0  # steps with an observed verify time
@@ -62,6 +64,7 @@ class BastionStats:
         self.plain_steps += int(plain)
         self.request_steps += batch
         self.verify_tokens += batch * width
+        self.steps_by_width[width] = self.steps_by_width.get(width, 0) + 1
         self.last = {
             "batch_size": batch, "width": width, "predicted_verify_ms": predicted, "plain": plain
         }  # fmt: skip
@@ -96,6 +99,8 @@ class BastionStats:
         return {
             "steps": self.steps,
             "plain_steps": self.plain_steps,
+            "graph_verifies": self.graph_verifies,
+            "steps_by_width": {str(w): n for w, n in sorted(self.steps_by_width.items())},
             "root_only_request_steps": root_only,
             "request_steps": self.request_steps,
             "tree_nodes": nodes,

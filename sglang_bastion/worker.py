@@ -62,6 +62,7 @@ from sglang.srt.speculative.draft_worker_common import (
 )
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
+from sglang.srt.utils.common import get_device_memory_capacity
 
 from sglang_bastion.acceptance_scale import (
     AcceptanceScale,
@@ -76,6 +77,7 @@ from sglang_bastion.acceptance_scale import (
 from sglang_bastion.controller import Controller, Decision
 from sglang_bastion.kernels import draft_head_topk, merge_shard_top_k, shard_top_k
 from sglang_bastion.late_read import LateRead, SpanTimer
+from sglang_bastion.memory import graph_widths_that_fit
 from sglang_bastion.metrics import after_step, create_metrics
 from sglang_bastion.node_sampling import (
     commit_emitted,
@@ -88,6 +90,13 @@ from sglang_bastion.stats import BastionStats
 from sglang_bastion.trace import TraceWriter
 from sglang_bastion.tree import Acceptance, TreeBatch, accept, build_trees_from_top_k, verify_inputs
 from sglang_bastion.tree.warmup import warm_tree_ops
+from sglang_bastion.verify_graphs import (
+    TreeVerifyGraphRunner,
+    capture_verify_graphs,
+    replaying,
+    verify_graph_state_bytes,
+    verify_graphs_unavailable,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +159,8 @@ class BastionWorker(DFlashWorkerV2):
         # SGLang has sized the request pool).
         self.acceptance: AcceptanceScale | None = None
         self.stats = BastionStats(max_accept=self.block_size)
+        # The target's tree-verify graphs by width (captured in init_cuda_graphs, if they run).
+        self.verify_graphs: dict[int, TreeVerifyGraphRunner] = {}
         self.metrics = None  # SGLang's Prometheus endpoint, under --enable-metrics
         if getattr(self.server_args, "enable_metrics", False) and get_parallel().tp_rank == 0:
             labels = {"model_name": self.server_args.served_model_name, "tp_rank": 0}
@@ -178,6 +189,40 @@ class BastionWorker(DFlashWorkerV2):
             "controller %s",
             self.block_size, self.max_nodes, self.top_k, self.profile_info,
         )  # fmt: skip
+
+    def init_cuda_graphs(self) -> None:
+        """DFlash's drafter graphs, then the target's tree-verify graphs where they can run."""
+        super().init_cuda_graphs()
+        self.capture_tree_verify_graphs(self.controller.verify_widths())
+
+    def capture_tree_verify_graphs(self, widths: tuple[int, ...]) -> None:
+        """Capture the target's tree-verify graphs at ``widths`` that fit; the rest run eager."""
+        target = self.target_worker.model_runner
+        self.verify_graphs = {}
+        if (reason := verify_graphs_unavailable(target)) is not None:
+            logger.info("BASTION: the target verifies trees eagerly: %s", reason)
+            return
+        state = verify_graph_state_bytes(target, widths, self.window)
+        device_mib = get_device_memory_capacity(torch.device(self.device).type)
+        fitted = graph_widths_that_fit(widths, state, device_mib)
+        self.verify_graphs = capture_verify_graphs(target, fitted)
+        eager = [w for w in widths if w not in fitted]
+        gib = sum(state[w] for w in fitted) / (1 << 30)
+        sizes = list(next(iter(self.verify_graphs.values())).capture_bs) if fitted else []
+        logger.info(
+            "BASTION: the target verifies trees in graphs at widths %s (batch sizes %s, "
+            "%.2f GiB of attention state)%s",
+            list(fitted), sizes, gib, f"; widths {eager} verify eagerly" if eager else "",
+        )  # fmt: skip
+
+    def prewarm_sampling(self) -> Any:
+        """DFLASH's sampling rehearsal at BASTION's verify width: bs x W rows, not bs x block."""
+        block = self.block_size
+        self.block_size = self.window
+        try:
+            return super().prewarm_sampling()
+        finally:
+            self.block_size = block
 
     def bastion_state(self) -> dict[str, Any]:
         """The controller's identity and running averages (SGLang's /server_info)."""
@@ -570,11 +615,20 @@ class BastionWorker(DFlashWorkerV2):
         forward_batch, _ = verify_input.prepare_for_verify(
             view, self.target_worker, defer_metadata_init=True
         )
-        forward_batch.can_run_decode_cuda_graph = False  # graphs are captured without a mask
-        self.target_worker.model_runner.attn_backend.init_forward_metadata(forward_batch)
-        out = self.target_worker.forward_batch_generation(
-            batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
-        )
+        target = self.target_worker.model_runner
+        graph = self.verify_graphs.get(width)
+        if graph is not None and graph.can_run_graph(forward_batch):
+            with replaying(target, graph):  # its replay plans the batch into its buffers
+                out = self.target_worker.forward_batch_generation(
+                    batch=None, forward_batch=forward_batch, is_verify=True
+                )
+            self.stats.graph_verifies += 1
+        else:
+            target.attn_backend.init_forward_metadata(forward_batch)
+            out = self.target_worker.forward_batch_generation(
+                batch=None, forward_batch=forward_batch, is_verify=True,
+                skip_attn_backend_init=True,
+            )  # fmt: skip
         logits_output = out.logits_output
         logits = full_vocabulary(self._target_logits_processor, logits_output.next_token_logits)
         logits_output.next_token_logits = logits  # [bs * W, V]

@@ -54,6 +54,21 @@ def fixed_server(tmp_path_factory) -> Iterator[tuple[str, Path]]:
 
 
 @pytest.fixture(scope="session")
+def triton_plain_url(tmp_path_factory) -> Iterator[str]:
+    """The trained target without speculation on SGLang's Triton backend, in float32.
+
+    Triton runs interpreted on a CPU and its interpreter is wrong in bfloat16, so the servers
+    that run it (``test_server_cpu_backend``, ``test_server_verify_graphs``) serve float32.
+    """
+    from server_utils import SERVER_ENV, TRAINED_PAIR, sglang_server
+
+    log = tmp_path_factory.mktemp("triton") / "plain.log"
+    args = ["--attention-backend", "triton", "--dtype", "float32"]
+    with sglang_server(TRAINED_PAIR / "target", args, log, env=SERVER_ENV) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def tiny_pair_profile(tmp_path_factory) -> Path:
     """A tiny-pair profile measured on this CPU kind: shipped, kept as test data, or fresh.
 

@@ -26,11 +26,7 @@ def test_a_named_tree_backend_is_kept():
     assert resolved_backend("--attention-backend", "bastion_cpu") == "bastion_cpu"
 
 
-def test_on_a_gpu_the_choice_is_flashinfer_when_installed_else_triton(monkeypatch):
-    import importlib.util
-
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
-    assert tree_verify_backend("cuda") == "flashinfer"
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+def test_on_a_gpu_the_choice_is_triton_whose_verify_graphs_carry_the_tree_mask():
+    assert tree_verify_backend("cuda") == "triton"
     assert tree_verify_backend("cuda:0") == "triton"
     assert tree_verify_backend("cpu") == "bastion_cpu"

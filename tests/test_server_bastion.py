@@ -10,8 +10,8 @@ several levels deep: acceptance, KV moves and mid-path stops are all exercised.
 from __future__ import annotations
 
 import os
-import threading
 from collections import Counter
+from functools import partial
 
 import openai
 import pytest
@@ -19,6 +19,7 @@ import requests
 from scipy.stats import chi2_contingency
 from server_utils import (
     SERVER_ENV,
+    all_at_once,
     assert_all_same,
     assert_same_greedy,
     bastion_args,
@@ -198,21 +199,10 @@ def test_64_concurrent_requests_with_aborts_stay_exact_and_leave_nothing_behind(
     prompts = [f"x{i} = [{i}, {i + 1}," for i in range(64)]
     batch = [{"prompt": p, "max_tokens": 12} for p in prompts[:48]]
     expected = run_all(plain_url, batch)
-    results: dict[int, object] = {}
-
-    def one(i: int) -> None:
-        if i < 40:
-            results[i] = complete(bastion_url, prompt=prompts[i], max_tokens=12)
-        elif i < 48:
-            results[i] = streamed(bastion_url, prompts[i], 12)
-        else:
-            stream_then_abort(bastion_url, prompts[i], chunks=2)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(64)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=600)
+    jobs = [partial(complete, bastion_url, prompt=p, max_tokens=12) for p in prompts[:40]]
+    jobs += [partial(streamed, bastion_url, p, 12) for p in prompts[40:48]]
+    jobs += [partial(stream_then_abort, bastion_url, p, chunks=2) for p in prompts[48:]]
+    results = all_at_once(jobs)
     assert_all_same(plain_url, batch[:40], [results[i] for i in range(40)], expected[:40])
     for i in range(40, 48):  # streamed through the OpenAI client: compare as token ids
         got = tokens(plain_url, results[i])

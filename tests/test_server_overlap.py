@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -29,6 +29,7 @@ from server_utils import (
     TRAINED_ARGS,
     TRAINED_ENV,
     TRAINED_PAIR,
+    all_at_once,
     bastion_args,
     complete,
     generate,
@@ -152,20 +153,9 @@ def test_aborted_streams_leave_the_others_exact_and_the_pool_idle(
     bastion, plain_url, plain_outputs
 ):
     idle = used_tokens(bastion.url)
-    results: dict[int, object] = {}
-
-    def one(i: int) -> None:
-        if i < 12:
-            results[i] = complete(bastion.url, **SHARED[i])
-        else:
-            stream_then_abort(bastion.url, SHARED[i]["prompt"], chunks=2)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=600)
-    got = [results[i] for i in range(12)]
+    jobs = [partial(complete, bastion.url, **request) for request in SHARED[:12]]
+    jobs += [partial(stream_then_abort, bastion.url, r["prompt"], chunks=2) for r in SHARED[12:16]]
+    got = all_at_once(jobs)[:12]
     assert_all_same(plain_url, SHARED[:12], got, plain_outputs["shared"][:12])
     assert used_tokens(bastion.url) == idle
 

@@ -7,11 +7,13 @@ replaces something that exists only on GPU hosts; none touches this project's co
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 
 def _cache_locs_on_cpu(module: ModuleType) -> None:
@@ -174,6 +176,141 @@ def _no_nccl_on_cpu(module: ModuleType) -> None:
     module.init_model_parallel_group = init
 
 
+# --- device graphs, emulated (only with STANDIN_EMULATED_GRAPHS=1) ---------------------------
+#
+# A CPU host has no CUDA graphs. SGLang's decode graph runner hands each captured callable to
+# a pluggable backend (``resolve_decode_backend``); the emulated backend records the callable
+# at capture and re-runs it at replay over the runner's static buffers, with the attention
+# metadata the capture built (a real graph bakes its kernel arguments in at capture). So what
+# a replay does not copy into a captured buffer (the mask, positions, KV slots, lengths)
+# shows up as wrong tokens, as on a GPU.
+
+
+class _CpuGraphDeviceModule:
+    """``torch.cpu`` plus the one capture query SGLang's runner asks of a graph device."""
+
+    def __getattr__(self, name: str) -> object:
+        import torch
+
+        return getattr(torch.cpu, name)
+
+    @staticmethod
+    def is_current_stream_capturing() -> bool:
+        return False
+
+
+def _emulated_graph_backend(runner: object) -> object:
+    """A capture/replay backend for ``runner`` that re-runs the captured forward at replay."""
+    import contextlib
+    import dataclasses
+
+    import torch
+    from sglang.srt.model_executor.runner_backend.base_cuda_graph_backend import (
+        BaseCudaGraphBackend,
+    )
+
+    def leaves() -> list:
+        backend = runner._replay_attn_backend()
+        return [backend, *(getattr(backend, "attn_backend_list", None) or [])]
+
+    def copy_into(static: object, new: object) -> None:
+        if isinstance(static, torch.Tensor):
+            if static.data_ptr() != new.data_ptr():
+                static.copy_(new)
+        elif dataclasses.is_dataclass(static):
+            for field in dataclasses.fields(static):
+                old = getattr(static, field.name)
+                if isinstance(old, torch.Tensor) and getattr(new, field.name) is not None:
+                    copy_into(old, getattr(new, field.name))
+
+    class EmulatedGraphBackend(BaseCudaGraphBackend):
+        def __init__(self) -> None:
+            self.forwards, self.outputs, self.metadata = {}, {}, {}
+            runner.device_module = _CpuGraphDeviceModule()
+
+        @contextlib.contextmanager
+        def capture_session(self, stream):
+            yield
+
+        def capture_one(self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None):
+            for _ in range(2):  # the real backend's two warm-up runs
+                forward_fn()
+                if post_warmup_hook is not None:
+                    post_warmup_hook()
+            self.metadata[shape_key] = [(b, b.forward_metadata) for b in leaves()]
+            self.outputs[shape_key] = forward_fn()
+            self.forwards[shape_key] = forward_fn
+
+        def can_run(self, forward_batch, shape_key) -> bool:
+            return shape_key in self.forwards
+
+        @contextlib.contextmanager
+        def replay_session(self):
+            yield
+
+        def replay(self, shape_key, static_forward_batch, **kwargs):
+            current = [(b, b.forward_metadata) for b in leaves()]
+            for backend, metadata in self.metadata[shape_key]:
+                backend.forward_metadata = metadata
+            try:
+                new = self.forwards[shape_key]()
+            finally:
+                for backend, metadata in current:
+                    backend.forward_metadata = metadata
+            copy_into(self.outputs[shape_key], new)
+            return self.outputs[shape_key]
+
+        def cleanup(self) -> None:
+            self.forwards.clear(), self.outputs.clear(), self.metadata.clear()
+
+    return EmulatedGraphBackend()
+
+
+def _graphs_on_this_platform(module: ModuleType) -> None:
+    """The platform says it captures device graphs (they are emulated: see above)."""
+    import msgspec
+
+    platform = module.current_platform
+    platform.capabilities = msgspec.structs.replace(platform.capabilities, graph_capture=True)
+
+
+def _emulated_decode_graphs(module: ModuleType) -> None:
+    """SGLang's decode graph runner captures and replays through the emulated backend."""
+
+    @contextlib.contextmanager
+    def graph_capture(stream=None):
+        yield SimpleNamespace(stream=None)
+
+    module.resolve_decode_backend = _emulated_graph_backend
+    module.graph_capture = graph_capture
+    module.get_or_create_global_graph_capture_stream = lambda: None
+
+
+def _verify_graphs_on_cpu(module: ModuleType) -> None:
+    """A CPU model runner replays verify graphs, as a GPU one does (not only decode)."""
+    verify = (module.ForwardMode.DECODE, module.ForwardMode.TARGET_VERIFY)
+    module.ForwardMode.is_cpu_graph = lambda self: self in verify
+
+
+def _stale_verify_mask(module: ModuleType) -> None:
+    """Negative control: while the flag file exists, replays keep the mask buffer's contents."""
+    original = module.TritonAttnBackend._init_forward_metadata_out_graph
+    flag = os.environ["STANDIN_STALE_VERIFY_MASK"]
+
+    def init(self, forward_batch, in_capture):
+        spec_info = forward_batch.spec_info
+        mask = getattr(spec_info, "custom_mask", None)
+        if in_capture or mask is None or not os.path.exists(flag):
+            return original(self, forward_batch, in_capture)
+        spec_info.custom_mask = None  # the replay then copies no mask in
+        try:
+            return original(self, forward_batch, in_capture)
+        finally:
+            spec_info.custom_mask = mask
+
+    module.TritonAttnBackend._init_forward_metadata_out_graph = init
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "sglang.srt.distributed.parallel_state": _no_nccl_on_cpu,
     "sglang.srt.model_executor.model_runner": _input_embeds_in_model_dtype,
@@ -182,6 +319,16 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "sglang.srt.speculative.dflash_worker_v2": _dflash_worker_on_cpu,
     "sglang.srt.arg_groups.speculative_hook": _dflash_gate_on_cpu,
 }
+
+
+if os.environ.get("STANDIN_EMULATED_GRAPHS") == "1":
+    PATCHES |= {
+        "sglang.srt.platforms": _graphs_on_this_platform,
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner": _emulated_decode_graphs,
+        "sglang.srt.model_executor.forward_batch_info": _verify_graphs_on_cpu,
+    }
+    if os.environ.get("STANDIN_STALE_VERIFY_MASK"):  # a flag file's path
+        PATCHES["sglang.srt.layers.attention.triton_backend"] = _stale_verify_mask
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
