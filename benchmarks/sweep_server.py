@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -15,12 +16,33 @@ from pathlib import Path
 
 import requests
 
+LOWEST_PORT = 20000
+
 
 def free_port() -> int:
-    """An unused TCP port on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """An unused TCP port on 127.0.0.1, below the range the OS hands out for port-0 binds.
+
+    A server binds its port tens of seconds after it is chosen; meanwhile any process's bind
+    to port 0 (torch.distributed's gloo pairs, ZMQ, another server's internals) takes a port
+    from the OS's ephemeral range, where a port chosen that way could be taken first.
+    """
+    for _ in range(200):
+        port = random.randrange(LOWEST_PORT, ephemeral_ports_start())
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port between {LOWEST_PORT} and the ephemeral range")
+
+
+def ephemeral_ports_start() -> int:
+    """The first port of the OS's ephemeral range (Linux's default where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 LAUNCH_SERVER = (sys.executable, "-m", "sglang.launch_server")

@@ -225,6 +225,14 @@ class Controller:
         if self.widths[0] < 1 or self.widths[-1] > self.max_nodes:
             raise ValueError(f"widths must lie in [1, {self.max_nodes}], got {self.widths}")
 
+    def use_widths(self, widths: tuple[int, ...]) -> None:
+        """Choose among ``widths`` from now on (an adaptive mode: those verified in graphs)."""
+        chosen = tuple(sorted(set(widths)))
+        if not chosen or chosen[0] < 1 or chosen[-1] > self.max_nodes:
+            raise ValueError(f"widths must lie in [1, {self.max_nodes}], got {widths}")
+        self.widths = chosen
+        self._device_widths.clear()
+
     @classmethod
     def for_worker(cls, worker: Any, options: BastionOptions, max_nodes: int) -> Controller:
         """The controller of a starting BASTION worker (loads and checks its profile)."""
@@ -344,6 +352,7 @@ class Controller:
             else:
                 largest = read_width(largest)
             width = next((w for w in self.widths if w >= largest), self.widths[-1])
+            sizes = sizes.clamp(max=width)  # below N only where the widths stop short of it
         else:
             allowed = self._widths_on(device)
             if learning:

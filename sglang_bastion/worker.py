@@ -193,7 +193,14 @@ class BastionWorker(DFlashWorkerV2):
     def init_cuda_graphs(self) -> None:
         """DFlash's drafter graphs, then the target's tree-verify graphs where they can run."""
         super().init_cuda_graphs()
-        self.capture_tree_verify_graphs(self.controller.verify_widths())
+        widths = self.controller.verify_widths()
+        self.capture_tree_verify_graphs(widths)
+        captured = tuple(sorted(self.verify_graphs))
+        if captured and captured != widths and self.controller.mode != "fixed":
+            # Widths left eager for memory would run slower than the profile prices them.
+            self.controller.use_widths(captured)
+            self.profile_info = self.controller.summary(self.options.profile)
+            logger.info("BASTION: the adaptive controller chooses among widths %s", captured)
 
     def capture_tree_verify_graphs(self, widths: tuple[int, ...]) -> None:
         """Capture the target's tree-verify graphs at ``widths`` that fit; the rest run eager."""

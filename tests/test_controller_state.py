@@ -165,6 +165,17 @@ def test_adaptive_widths_come_from_the_ladder(layout):
         assert int(decision.sizes.max()) <= decision.width
 
 
+@pytest.mark.parametrize("layout", ["uniform", "ragged"])
+def test_after_use_widths_every_decision_takes_one_of_them(layout):
+    budget = Controller("static", 64, layout, model())
+    budget.decide(trees(4), torch.full((4,), 700))  # caches the ladder on the device
+    budget.use_widths((1, 2, 4, 8))  # e.g. the widths whose verify graphs fit
+    for batch in (1, 3, 16, 64):
+        decision = budget.decide(trees(batch), torch.full((batch,), 700))
+        assert decision.width in (1, 2, 4, 8) and int(decision.sizes.max()) <= decision.width
+    assert budget.verify_widths() == (1, 2, 4, 8)
+
+
 def test_widths_outside_the_tree_budget_are_refused():
     with pytest.raises(ValueError, match="widths must lie in"):
         Controller("static", 16, model=model(), widths=(4, 32))

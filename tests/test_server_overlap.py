@@ -6,7 +6,7 @@ advances its grammars over the queued step through the scheduler's barrier. Each
 server here (fixed trees of 16 nodes and the adaptive controller, on each schedule) answers
 the same requests, one at a time and 18 at once, with every sampling parameter (stop strings
 included), grammars, logprobs and aborted streams, against the plain server on SGLang's
-synchronous schedule (the ``plain_url`` fixture says why). Two more BASTION servers run
+synchronous schedule (the ``plain_url`` fixture says why). One more BASTION server runs
 SGLang's retraction test mode, where requests are retracted mid-decode and resume later.
 
 Sampled output under overlap is checked in ``test_server_exact_sampling`` and
@@ -111,9 +111,11 @@ def bastion_server(setup: str, log: Path, profile: Path, env: dict | None = None
         yield Served(url, log, schedule == "overlapped")
 
 
-@pytest.fixture(scope="module", params=["overlapped-fixed", "synchronous-adaptive"])
+@pytest.fixture(scope="module", params=["overlapped-adaptive"])
 def retracting(request, tmp_path_factory, tiny_pair_profile):
-    """BASTION servers that retract requests every 5th step (SGLang's test mode)."""
+    """A BASTION server that retracts requests every 5th step (SGLang's test mode): on the
+    overlapped schedule, adaptive, whose per-request acceptance state restarts with each
+    re-prefill."""
     log = tmp_path_factory.mktemp(f"retracting-{request.param}") / "bastion.log"
     with bastion_server(request.param, log, tiny_pair_profile, RETRACTING) as served:
         yield served

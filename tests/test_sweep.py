@@ -25,7 +25,15 @@ from sweep_medians import cell_label, collect, load_runs, run_shares, summary_ro
 from sweep_methods import CPU_STANDINS, parse_methods, server_setup  # noqa: E402
 from sweep_metrics import cell_metrics  # noqa: E402
 from sweep_report import ResultStore, folder_name, write_reports  # noqa: E402
-from sweep_server import group_alive, running_server, stop_group, warm_up  # noqa: E402
+from sweep_server import (  # noqa: E402
+    LOWEST_PORT,
+    ephemeral_ports_start,
+    free_port,
+    group_alive,
+    running_server,
+    stop_group,
+    warm_up,
+)
 
 DRAFTER = Path("/models/drafter")
 
@@ -503,3 +511,9 @@ def test_repeats_run_each_round_in_its_own_folder_then_write_the_medians(
     assert "| 1 | bastion-16 | 3 | 520.0 | 100.0% |" in table
     assert "| 1 | none | 3 | 300.0 | 57.7% |" in table
     assert (tmp_path / "medians.png").stat().st_size > 0
+
+
+def test_a_servers_port_is_chosen_below_the_ports_the_os_hands_out():
+    ports = {free_port() for _ in range(20)}
+    assert all(LOWEST_PORT <= port < ephemeral_ports_start() for port in ports)
+    assert len(ports) > 1  # chosen at random: two servers starting together rarely meet
