@@ -221,9 +221,7 @@ class Controller:
         """Refuse an adaptive mode without a latency model; settle the width ladder."""
         if self.mode != "fixed" and self.model is None:
             raise ValueError(f"controller mode {self.mode!r} needs a latency model (a profile)")
-        self.widths = tuple(sorted(set(self.widths))) or width_ladder(self.max_nodes)
-        if self.widths[0] < 1 or self.widths[-1] > self.max_nodes:
-            raise ValueError(f"widths must lie in [1, {self.max_nodes}], got {self.widths}")
+        self.use_widths(self.widths or width_ladder(self.max_nodes))
 
     def use_widths(self, widths: tuple[int, ...]) -> None:
         """Choose among ``widths`` from now on (an adaptive mode: those verified in graphs)."""
