@@ -9,7 +9,8 @@ emitted. At temperature 0 a request's emitted tokens, step after step, are its c
 greedy continuation, so for any other tree built from the same marginals the accepted length
 is known exactly: the deepest node whose path spells the continuation (up to the tokens the
 trace holds). The simulator rebuilds the trees, applies a policy (fixed N, or the adaptive
-controller in static / ema / ema_calib mode with uniform or ragged sizes) and prices each step
+controller in static / ema / ema_calib mode with uniform, ragged or batch-global sizes, the
+last priced as a packed pass over its total tokens) and prices each step
 with the latency model: expected throughput = sum of accepted tokens / sum of predicted cycle
 times, reported per effective batch size beside the oracle (the best fixed N in hindsight).
 
@@ -158,14 +159,17 @@ def accepted_lengths(trees: TreeBatch, vocab: torch.Tensor, truth: torch.Tensor)
     return accepted + 1
 
 
-def replay(step: Step, top_k: int, policy: Controller) -> tuple[torch.Tensor, int, float | None]:
-    """(accept lengths [b], verify width, predicted cycle ms) of a policy on one step."""
+def replay(step: Step, top_k: int, policy: Controller) -> tuple[torch.Tensor, float, float | None]:
+    """(accept lengths [b], verified tokens per request, predicted cycle ms) of a policy on
+    one step: the verify width, or the mean size where the pass packs trees unpadded."""
     trees = build_trees(step.probs, step.roots, top_k=top_k, max_nodes=policy.max_nodes)
     decision = policy.decide(trees, step.context_lens)
     trees = trees.truncate(decision.sizes).narrow(decision.width)
+    packed = decision.ragged
+    tokens = decision.width if packed is None else sum(packed) / len(packed)
     return (
         accepted_lengths(trees, step.vocab, step.truth),
-        decision.width,
+        tokens,
         decision.predicted_cycle_ms,
     )
 
@@ -201,7 +205,7 @@ class _Tally:
     tokens: float = 0.0
     ms: float = 0.0  # each step's share of its predicted cycle (plus the gap, for the server)
     request_steps: int = 0
-    nodes: float = 0.0  # verify width x requests, summed
+    nodes: float = 0.0  # verified tokens per request (the width, if padded) x requests, summed
 
 
 def simulate(
@@ -218,6 +222,8 @@ def simulate(
     for mode in modes:
         for layout in ("uniform", "ragged"):
             policies[f"{mode} {layout}"] = Controller(mode, n_max, layout, model)
+        # The batch-global budget, priced as a packed pass over its total tokens.
+        policies[f"{mode} global"] = Controller(mode, n_max, "global", model, packs_ragged=True)
     produced = header["controller"]
     check = {"policy": f"{produced['mode']} (N={produced['max_nodes']})", "steps": 0, "equal": 0}
     spent = _Spent()  # the producing policy's tokens and milliseconds
@@ -229,10 +235,10 @@ def simulate(
         context = float(step.context_lens.float().mean())
         if recorder is not None:
             recorder.overhead_ms = {len(step.roots): step.overhead_ms}  # as the server priced it
-            got, _, _ = replay(step, top_k, recorder)
+            got, verified, _ = replay(step, top_k, recorder)
             check["steps"] += 1
             check["equal"] += int(torch.equal(got, step.recorded_accept))
-            width = step.recorded_width
+            width = step.recorded_width if recorder.layout != "global" else verified
             predicted = float(model.cycle_ms(step.batch_size, width, context)) * cycle_scale
             tokens = float(step.recorded_accept.clamp(max=step.budget).sum())  # what was kept
             spent.tokens += tokens
@@ -289,7 +295,10 @@ def producing_policy(produced: dict, model: LatencyModel) -> Controller | None:
         return Controller("fixed", int(produced["max_nodes"]))
     if produced["mode"] == "static":  # exact when the replay uses the server's profile
         # (and each step's measured overhead, which the trace records and `simulate` sets)
-        return Controller("static", int(produced["max_nodes"]), produced["layout"], model)
+        return Controller(
+            "static", int(produced["max_nodes"]), produced["layout"], model,
+            packs_ragged=bool(produced.get("packs_ragged")),
+        )  # fmt: skip
     return None  # ema modes depend on the observed times of every earlier step
 
 

@@ -37,6 +37,13 @@ ADAPTIVE_PATTERN = re.compile(rf"bastion-adaptive(?:-({'|'.join(COST_MODES)}))?"
 # Any method with this suffix runs on SGLang's synchronous schedule instead of its default
 # overlapped one, so that one sweep can compare the two side by side.
 SYNC_SUFFIX = "-sync"
+# The default adaptive server with one of its choices changed, to compare side by side:
+# the paper's controller (A_hat as the drafter says it), and one width per batch instead of
+# the batch-global budget.
+ADAPTIVE_VARIANTS = {
+    "bastion-surrogate": {"SGLANG_BASTION_LEARN_ACCEPTANCE": "0"},
+    "bastion-uniform": {"SGLANG_BASTION_LAYOUT": "uniform"},
+}
 SYNC_ARGS = ["--disable-overlap-schedule"]
 
 
@@ -108,15 +115,15 @@ def parse_overlapped(
         elif match := BASTION_PATTERN.fullmatch(name):
             args = speculative_args("BASTION", drafter, int(match.group(1)))
             methods.append(Method(name, args, {"SGLANG_BASTION_MODE": "fixed"}, "BASTION"))
-        elif name == "bastion-surrogate" or (adaptive := ADAPTIVE_PATTERN.fullmatch(name)):
+        elif name in ADAPTIVE_VARIANTS or (adaptive := ADAPTIVE_PATTERN.fullmatch(name)):
             if profile is None:
                 raise ValueError(f"method {name} needs --profile (a latency profile)")
             n_max = adaptive_max_nodes or max(fixed, default=32)
             # With a profile the worker's controller is adaptive (its default mode, or the
             # one named: static, ema, ema_calib).
             env = {"SGLANG_BASTION_PROFILE": str(profile)}
-            if name == "bastion-surrogate":  # the paper's controller: A_hat as the drafter says
-                env["SGLANG_BASTION_LEARN_ACCEPTANCE"] = "0"
+            if name in ADAPTIVE_VARIANTS:
+                env.update(ADAPTIVE_VARIANTS[name])
             elif mode := adaptive.group(1) or adaptive_mode:
                 env["SGLANG_BASTION_MODE"] = mode
             args = speculative_args("BASTION", drafter, n_max)
@@ -124,8 +131,9 @@ def parse_overlapped(
         else:
             raise ValueError(
                 f"unknown method {name!r}: use none, dflash, eagle3, bastion-<N>, "
-                f"bastion-adaptive, bastion-adaptive-<{'|'.join(COST_MODES)}> or "
-                f"bastion-surrogate, each optionally with {SYNC_SUFFIX!r} (synchronous schedule)"
+                f"bastion-adaptive, bastion-adaptive-<{'|'.join(COST_MODES)}>, "
+                f"{', '.join(ADAPTIVE_VARIANTS)}, each optionally with {SYNC_SUFFIX!r} "
+                "(synchronous schedule)"
             )
     return methods
 

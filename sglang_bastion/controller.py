@@ -24,6 +24,12 @@ tokens per request of the one target pass). Modes:
   - layout ``ragged``: each request stops at its own first drop of A_hat(n) L_AR / C(n)
     (`per_request_sizes`), and W is the largest of those sizes (the verify pass
     pads the others).
+  - layout ``global`` (the server's default): one best-first expansion over every request's
+    nodes, priced by the cycle of the batch's total verify tokens (`global_sizes`); each
+    request verifies its own size and the pass packs them unpadded, where the attention
+    backend verifies ragged (``bastion_cpu``). On a backend that pads (Triton, FlashInfer)
+    every tree is free up to the widest, so the global optimum there is the uniform width,
+    and the layout decides as ``uniform`` does.
   The ema modes scale the verify prediction by gamma, the EMA of observed / predicted verify
   time, one per batch size (a batch size not yet observed takes the nearest one's): how much
   slower the served pass runs than predicted depends on the batch (on a shared CPU, the
@@ -58,6 +64,7 @@ import torch
 
 from sglang_bastion.acceptance_scale import calibrated_surrogate
 from sglang_bastion.budget import LatencyModel, ModelShape, ema_update, load_profile
+from sglang_bastion.budget.global_budget import global_sizes, total_tokens
 from sglang_bastion.budget.identity import device_name, worker_identity
 from sglang_bastion.options import BastionOptions
 from sglang_bastion.tree.batch import TreeBatch
@@ -176,6 +183,7 @@ class Decision:
     plain: bool = False  # every request verifies its root alone: no speculation this step
     drafted: bool = True  # the step ran the draft pass (False: a plain step, no draft at all)
     expected: torch.Tensor | None = None  # [B] tokens priced per request (None: plain step)
+    ragged: tuple[int, ...] | None = None  # host sizes when the verify packs them unpadded
 
 
 @dataclass
@@ -184,8 +192,9 @@ class Controller:
 
     mode: str  # "fixed", "static", "ema" or "ema_calib"
     max_nodes: int  # N: the largest tree a request may verify
-    layout: str = "uniform"  # "uniform" or "ragged"
+    layout: str = "uniform"  # "uniform", "ragged" or "global"
     model: LatencyModel | None = None
+    packs_ragged: bool = False  # the verify pass packs each request's rows (no padding)
     ema_alpha: float = 0.1
     gamma: dict[int, float] = field(default_factory=dict)  # batch size -> EMA (ema modes)
     observed_steps: int = field(default=0)
@@ -267,6 +276,7 @@ class Controller:
         summary: dict[str, Any] = {
             "mode": self.mode,
             "layout": self.layout,
+            "packs_ragged": self.packs_ragged,
             "max_nodes": self.max_nodes,
             "widths": list(self.widths) if adaptive else None,
             "profile": profile if adaptive else None,
@@ -340,6 +350,28 @@ class Controller:
         learning = self.learns_acceptance
         plain_ms = self._plain_ms(cost, batch) if learning else 0.0
         model_plain = False  # whether the model prices a plain step above every tree
+        if self.layout == "global" and self.packs_ragged:
+            total = self._total_cost(batch, context, overhead, trees.max_nodes, device)
+            sizes, goodput = global_sizes(accepted, trees.num_nodes, total)
+            loses = goodput <= batch / plain_ms if learning else goodput.new_zeros(())
+            host = torch.cat([sizes, loses.view(1).to(sizes)]).tolist()  # the one host read
+            ragged, model_plain = tuple(host[:-1]), bool(host[-1])
+            width = next((w for w in self.widths if w >= max(ragged)), self.widths[-1])
+            if width < max(ragged):  # the widths stop short of N
+                ragged = tuple(min(n, width) for n in ragged)
+                sizes = sizes.clamp(max=width)
+            plain = learning and self._steps_plainly(model_plain, batch)
+            if plain:
+                sizes, width, ragged = sizes.new_ones(batch), 1, None
+                cycle = float(cost[0])
+            else:
+                cycle = float(total[sum(ragged) - 1])
+            verify_ms = cycle - overhead - self.model.aux_ms(batch)
+            expected = _at(accepted, sizes)
+            return Decision(
+                sizes, width, verify_ms, cycle, overhead, plain=plain, expected=expected,
+                ragged=ragged,
+            )  # fmt: skip
         if self.layout == "ragged":
             sizes = per_request_sizes(trees, priced, self.model.ar_ms(batch), accepted)
             largest = sizes.max()
@@ -451,6 +483,21 @@ class Controller:
             verify = self._device_cache.setdefault(key, self._verify_cache[key[:2]].to(device))
         return (self.model.aux_ms(batch) + overhead) + self.gamma_at(batch) * verify
 
+    def _total_cost(
+        self, batch: int, context: float, overhead: float, nodes: int, device: torch.device
+    ) -> torch.Tensor:
+        """[B*N] predicted cycle ms of a ragged pass over T = 1..B*N tokens in all."""
+        bucket = round(context / self.context_bucket) * self.context_bucket
+        key = ("total", batch, bucket, nodes, str(device))
+        verify = self._device_cache.get(key)
+        if verify is None:
+            if len(self._device_cache) >= 4096:
+                self._device_cache.clear()
+            per_request = total_tokens(batch, nodes)  # [B*N]: T / B
+            price = self.model.verify_price_ms(batch, per_request, bucket, self.mode)
+            verify = self._device_cache.setdefault(key, price.to(device))
+        return (self.model.aux_ms(batch) + overhead) + self.gamma_at(batch) * verify
+
     def _widths_on(self, device: torch.device) -> torch.Tensor:
         """[widths] the allowed verify widths as a tensor on ``device``, copied once."""
         allowed = self._device_widths.get(str(device))
@@ -553,6 +600,11 @@ def _at(accepted: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
 def unmeasured_widths(widths: tuple[int, ...], measured_up_to: int) -> list[int]:
     """The controller's widths beyond the largest the profile measured (priced by the fit)."""
     return [w for w in widths if w > measured_up_to]
+
+
+def verifies_ragged(attn_backend: Any) -> bool:
+    """Whether a target attention backend verifies trees packed unpadded (``bastion_cpu``)."""
+    return bool(getattr(attn_backend, "verifies_ragged", False))
 
 
 def measures_overhead(options: BastionOptions, tp_size: int) -> bool:

@@ -29,7 +29,7 @@ ENV_DISABLE_KERNELS = "SGLANG_BASTION_DISABLE_KERNELS"
 ENV_PUBLISHED = "_SGLANG_BASTION_OPTIONS"
 
 MODES = ("fixed", "static", "ema", "ema_calib")  # fixed N, then the latency model's modes
-LAYOUTS = ("uniform", "ragged")
+LAYOUTS = ("global", "uniform", "ragged")
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class BastionOptions:
     block_size: int | None = None  # D+1: the drafter's block, as the launcher read it
     profile: str | None = None  # latency profile from bastion-calibrate
     mode: str | None = None  # None: "static" with a profile, else "fixed"
-    layout: str = "uniform"  # one width per batch, or per-request first-drop sizes
+    layout: str = "global"  # one budget over the batch's tokens; one width; first drops
     widths: tuple[int, ...] = ()  # verify widths the adaptive modes may pick; () = the ladder
     ema_alpha: float = 0.1  # weight of the newest observed/predicted ratio (ema modes)
     measure_overhead: bool = True  # price the measured per-step time the profile leaves out

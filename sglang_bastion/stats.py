@@ -24,9 +24,10 @@ class BastionStats:
     steps: int = 0  # decode steps
     plain_steps: int = 0  # decode steps that drafted nothing: every request its root alone
     graph_verifies: int = 0  # decode steps whose tree verify replayed a captured graph
+    ragged_verifies: int = 0  # decode steps whose verify packed each tree unpadded
     steps_by_width: dict[int, int] = field(default_factory=dict)  # decode steps per verify width
     request_steps: int = 0  # sum over steps of requests in the batch
-    verify_tokens: int = 0  # sum over steps of batch size x verify width
+    verify_tokens: int = 0  # sum over steps of the tokens verified (padded: batch x width)
     timed_steps: int = 0  # steps with an observed verify time
     predicted_verify_ms: float = 0.0  # sum over timed steps of the model's prediction
     observed_verify_ms: float = 0.0  # sum over timed steps of the measured verify time
@@ -41,11 +42,13 @@ class BastionStats:
     def add_step(
         self, sizes: torch.Tensor, accept_lens: torch.Tensor, width: int, predicted: float | None,
         plain: bool = False, priced: torch.Tensor | None = None,
+        ragged: tuple[int, ...] | None = None,
     ) -> None:  # fmt: skip
         """Count one step: its tree sizes [B], acceptance lengths [B] and verify width.
 
         ``priced`` [B]: the tokens the controller expected each request to emit (None: its
-        acceptance lengths, as for a plain step).
+        acceptance lengths, as for a plain step); ``ragged``: the sizes on the host when the
+        pass verified them unpadded.
         """
         batch = int(sizes.shape[0])
         nodes, accepted, root_only = sizes.sum(), accept_lens.sum(), (sizes == 1).sum()
@@ -63,7 +66,8 @@ class BastionStats:
         self.steps += 1
         self.plain_steps += int(plain)
         self.request_steps += batch
-        self.verify_tokens += batch * width
+        self.verify_tokens += batch * width if ragged is None else sum(ragged)
+        self.ragged_verifies += ragged is not None
         self.steps_by_width[width] = self.steps_by_width.get(width, 0) + 1
         self.last = {
             "batch_size": batch, "width": width, "predicted_verify_ms": predicted, "plain": plain
@@ -100,6 +104,7 @@ class BastionStats:
             "steps": self.steps,
             "plain_steps": self.plain_steps,
             "graph_verifies": self.graph_verifies,
+            "ragged_verifies": self.ragged_verifies,
             "steps_by_width": {str(w): n for w, n in sorted(self.steps_by_width.items())},
             "root_only_request_steps": root_only,
             "request_steps": self.request_steps,

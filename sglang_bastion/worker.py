@@ -60,6 +60,7 @@ from sglang.srt.speculative.draft_worker_common import (
     make_draft_block_spec_info,
     make_draft_input_v2,
 )
+from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 from sglang.srt.utils.common import get_device_memory_capacity
@@ -74,7 +75,7 @@ from sglang_bastion.acceptance_scale import (
     start_requests,
     step_evidence,
 )
-from sglang_bastion.controller import Controller, Decision
+from sglang_bastion.controller import Controller, Decision, verifies_ragged
 from sglang_bastion.kernels import draft_head_topk, merge_shard_top_k, shard_top_k
 from sglang_bastion.late_read import LateRead, SpanTimer
 from sglang_bastion.memory import graph_widths_that_fit
@@ -89,6 +90,7 @@ from sglang_bastion.options import published_options
 from sglang_bastion.stats import BastionStats
 from sglang_bastion.trace import TraceWriter
 from sglang_bastion.tree import Acceptance, TreeBatch, accept, build_trees_from_top_k, verify_inputs
+from sglang_bastion.tree.ragged import RaggedVerify, pack_ragged, unpack_rows
 from sglang_bastion.tree.warmup import warm_tree_ops
 from sglang_bastion.verify_graphs import (
     TreeVerifyGraphRunner,
@@ -179,16 +181,23 @@ class BastionWorker(DFlashWorkerV2):
         # past 8, as a stalled device would otherwise grow the queue.
         self._late_timings: deque[tuple[Decision, SpanTimer]] = deque(maxlen=8)
         self.profile_info = self.controller.summary(self.options.profile)
-        self.trace = None
-        if self.options.trace and get_parallel().tp_rank == 0:  # ranks step in lockstep
-            header = {"top_k": self.top_k, "max_nodes": self.max_nodes,
-                      "block_size": self.block_size, "controller": self.profile_info}  # fmt: skip
-            self.trace = TraceWriter(self.options.trace, self.options.trace_steps, header)
+        self.trace = None  # opened once the controller is settled (init_attention_backends)
         logger.info(
             "BASTION worker: drafter block %d, tree of up to %d nodes, top-%d lattice, "
             "controller %s",
             self.block_size, self.max_nodes, self.top_k, self.profile_info,
         )  # fmt: skip
+
+    def init_attention_backends(self) -> None:
+        """DFlash's drafter backends; then whether the target's verify packs trees unpadded."""
+        super().init_attention_backends()  # the scheduler built the target's before
+        ragged = verifies_ragged(self.target_worker.model_runner.attn_backend)
+        self.controller.packs_ragged = ragged
+        self.profile_info = self.controller.summary(self.options.profile)
+        if self.options.trace and get_parallel().tp_rank == 0:  # ranks step in lockstep
+            header = {"top_k": self.top_k, "max_nodes": self.max_nodes,
+                      "block_size": self.block_size, "controller": self.profile_info}  # fmt: skip
+            self.trace = TraceWriter(self.options.trace, self.options.trace_steps, header)
 
     def init_cuda_graphs(self) -> None:
         """DFlash's drafter graphs, then the target's tree-verify graphs where they can run."""
@@ -347,7 +356,7 @@ class BastionWorker(DFlashWorkerV2):
         )
         timer = SpanTimer(roots.device) if self.controller.needs_timing and not synced else None
         verify_start = self._now(synced)
-        verified = self._verify_trees(batch, trees, step, width)
+        verified = self._verify_trees(batch, trees, step, width, decision.ragged)
         verify_ms = (self._now(synced) - verify_start) * 1e3 if synced else None
         if timer is not None:
             verify_ms = timer.stop().elapsed_ms()  # on a CPU at once
@@ -408,7 +417,7 @@ class BastionWorker(DFlashWorkerV2):
         """Update the running stats, metrics and the controller's EMA; log at debug level."""
         self.stats.add_step(
             decision.sizes, accept_lens, decision.width, decision.predicted_verify_ms,
-            decision.plain, priced,
+            decision.plain, priced, decision.ragged,
         )  # fmt: skip
         if self.metrics is not None:
             after_step(self.metrics, self.stats)
@@ -555,18 +564,24 @@ class BastionWorker(DFlashWorkerV2):
             read_extent=extent,
         )
 
-    def _verify_trees(self, batch: Any, trees: TreeBatch, step: DecodeStep, width: int) -> Verified:
+    def _verify_trees(
+        self, batch: Any, trees: TreeBatch, step: DecodeStep, width: int,
+        ragged: tuple[int, ...] | None = None,
+    ) -> Verified:  # fmt: skip
         """Everything a step's cost owes to its trees: verify, target tokens, acceptance, KV.
 
-        This span is T_verify(B, W, c) for the controller: the worker times it for the EMA
-        modes, the trace and ``verify_listener`` (``bastion-calibrate``).
+        ``ragged``: each request's size when the pass packs them unpadded (the batch-global
+        budget on a backend that verifies ragged). This span is T_verify(B, W, c) for the
+        controller: the worker times it for the EMA modes, the trace and ``verify_listener``
+        (``bastion-calibrate``).
         """
         window, prefix, prefix_cpu = step.window, step.prefix, step.prefix_cpu
         bs = len(prefix)
-        tail = bs * width * width  # SGLang's padded mask length: see verify_inputs
+        tail = 0 if ragged else bs * width * width  # SGLang's padded mask: see verify_inputs
         verify = verify_inputs(
             trees, prefix, prefix_cpu, kernels=self.options.kernels, mask_tail=tail
         )
+        packed = pack_ragged(verify, ragged, prefix_cpu, width) if ragged else None
         grammar = None
         if batch.has_grammar:  # the host copy must start before the verify launch
             grammar = GrammarTree.from_device(
@@ -575,7 +590,7 @@ class BastionWorker(DFlashWorkerV2):
             )  # fmt: skip
         logits_output, hidden = self._verify(
             batch, verify, window[:, :width], prefix_cpu, width, grammar, trees,
-            step.grammar_barrier,
+            step.grammar_barrier, packed,
         )  # fmt: skip
         target_tokens = self._target_tokens(batch, logits_output.next_token_logits, bs, width)
         # The whole window: the drafter's block may exceed W.
@@ -594,9 +609,13 @@ class BastionWorker(DFlashWorkerV2):
     def _verify(
         self, batch: Any, verify: Any, window: torch.Tensor, prefix_cpu: torch.Tensor, width: int,
         grammar: GrammarTree | None = None, trees: TreeBatch | None = None,
-        grammar_barrier: Callable[[], None] | None = None,
+        grammar_barrier: Callable[[], None] | None = None, packed: RaggedVerify | None = None,
     ) -> tuple[Any, torch.Tensor]:  # fmt: skip
         """One target forward over every tree with the tree mask: logits and captured features.
+
+        ``packed``: the trees packed unpadded (`pack_ragged`); the pass verifies those tokens
+        alone under SGLang's ragged verify layout, and its logits and features come back in
+        the padded [bs * W] layout every later op reads.
 
         The logits come back processed as the requests' sampling asks at every node, as the
         plain server would process them after emitting that node's path (penalties with the
@@ -604,26 +623,31 @@ class BastionWorker(DFlashWorkerV2):
         grammar-constrained requests, masked at every node by the grammar's state there.
         """
         out_cache_loc = window.reshape(-1)
+        inputs, extent = verify, prefix_cpu + width  # extent: the pass's host key lengths
+        if packed is not None:
+            out_cache_loc = out_cache_loc.index_select(0, packed.rows)
+            inputs, extent = packed, prefix_cpu + torch.tensor(packed.lens_cpu)
         verify_input = DFlashVerifyInput(
-            draft_token=verify.input_ids,
-            positions=verify.positions,
+            draft_token=inputs.input_ids,
+            positions=inputs.positions,
             draft_token_num=width,
-            custom_mask=verify.custom_mask,
+            custom_mask=inputs.custom_mask,
             capture_hidden_mode=CaptureHiddenMode.FULL,
             kv_loc_plan=self._plan(batch, batch.seq_lens, prefix_cpu, out_cache_loc, width),
+            ragged_verify_layout=None if packed is None else ragged_layout(packed),
         )
         # SGLang builds the verify pass from a ScheduleBatch and writes its fields (the KV
         # slots, host lengths, input ids, mode): a shallow copy takes them, the scheduler's
         # batch is left as it came.
         view = copy.copy(batch)
         view.out_cache_loc = out_cache_loc
-        view.seq_lens_cpu = prefix_cpu + width  # host bound of the verify pass
+        view.seq_lens_cpu = extent  # host bound of the verify pass
         view.seq_lens_sum = int(view.seq_lens_cpu.sum())
         forward_batch, _ = verify_input.prepare_for_verify(
             view, self.target_worker, defer_metadata_init=True
         )
         target = self.target_worker.model_runner
-        graph = self.verify_graphs.get(width)
+        graph = self.verify_graphs.get(width) if packed is None else None
         if graph is not None and graph.can_run_graph(forward_batch):
             with replaying(target, graph):  # its replay plans the batch into its buffers
                 out = self.target_worker.forward_batch_generation(
@@ -638,6 +662,12 @@ class BastionWorker(DFlashWorkerV2):
             )  # fmt: skip
         logits_output = out.logits_output
         logits = full_vocabulary(self._target_logits_processor, logits_output.next_token_logits)
+        bs = len(batch.seq_lens)
+        if packed is not None:  # [T, V] and [T, H] back to their padded rows
+            logits = unpack_rows(logits, packed.rows, bs * width)
+            logits_output.hidden_states = unpack_rows(
+                logits_output.hidden_states, packed.rows, bs * width
+            )
         logits_output.next_token_logits = logits  # [bs * W, V]
         mask = None
         if grammar is not None:  # also clears the prefill's one-row mask, before it is applied
@@ -650,7 +680,7 @@ class BastionWorker(DFlashWorkerV2):
         if mask is not None:
             mask.apply(logits)
         hidden = logits_output.hidden_states  # consumed before the next target forward
-        return logits_output, hidden.view(len(batch.seq_lens), width, -1)
+        return logits_output, hidden.view(bs, width, -1)
 
     def _process_logits(
         self, batch: Any, logits: torch.Tensor, trees: TreeBatch | None, width: int
@@ -736,6 +766,19 @@ class BastionWorker(DFlashWorkerV2):
             positions=positions,
             commit_lens=accept_lens,
         )
+
+
+def ragged_layout(packed: RaggedVerify) -> RaggedVerifyLayout:
+    """SGLang's ragged verify layout of a packed pass (per-request lengths, no padding)."""
+    starts = torch.cumsum(packed.lens, 0, dtype=torch.int32)  # [B]
+    return RaggedVerifyLayout(
+        verify_lens=packed.lens,
+        graph_num_tokens=packed.num_tokens,
+        extend_start_loc=starts - packed.lens,
+        qo_indptr_device=torch.cat([starts.new_zeros(1), starts]),
+        verify_lens_cpu=list(packed.lens_cpu),
+        total_verify_tokens=packed.num_tokens,
+    )
 
 
 def _token_budget(req: Any) -> int | None:

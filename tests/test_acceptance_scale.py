@@ -134,9 +134,11 @@ def run_step(controller: Controller, state, batch: int, accept: float) -> bool:
     return not decision.plain
 
 
-@pytest.mark.parametrize("layout", ["uniform", "ragged"])
+@pytest.mark.parametrize("layout", ["uniform", "ragged", "global"])
 def test_a_miscalibrated_drafter_falls_back_to_plain_steps_and_recovers(layout):
-    controller = Controller("static", 64, layout, model(), learn_acceptance=True, max_backoff=8)
+    controller = Controller(
+        "static", 64, layout, model(), learn_acceptance=True, max_backoff=8, packs_ragged=True
+    )
     state = new_acceptance_scale(4, "cpu")
     assert run_step(controller, state, 4, accept=1.0)  # trusted at first: it speculates
     overconfident = [run_step(controller, state, 4, accept=0.0) for _ in range(60)]

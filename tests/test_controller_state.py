@@ -263,3 +263,38 @@ def test_an_adaptive_decision_reads_the_device_once_for_its_width(monkeypatch, m
 def test_a_fixed_decision_reads_nothing_from_the_device():
     decision = Controller("fixed", 16).decide(on_meta(trees(4)), torch.full((4,), 300))
     assert decision.width == 16 and decision.sizes.device == torch.device("meta")
+
+
+def doubtful_and_confident(batch: int = 4):
+    """Trees where even requests are sure of every draft and odd ones doubt them all."""
+    probs = torch.full((batch, 7, 64), 1e-4)
+    probs[0::2, :, 5] = 1.0  # [B, D, V]: one sure token per depth
+    probs[1::2] = 1.0 / 64  # uniform marginals: every path is a long shot
+    probs = probs / probs.sum(-1, keepdim=True)
+    return build_trees(probs, torch.zeros(batch, dtype=torch.long), top_k=8, max_nodes=16)
+
+
+def test_the_global_budget_gives_confident_requests_deep_trees_and_doubtful_ones_roots():
+    # 64 requests: the H100 pass is compute-bound there, so a verify token has a price.
+    budget = Controller("static", 16, "global", model(), packs_ragged=True)
+    decision = budget.decide(doubtful_and_confident(64), torch.full((64,), 256))
+    sizes = decision.sizes.tolist()
+    assert decision.ragged == tuple(sizes)
+    assert set(sizes[0::2]) == {8} and set(sizes[1::2]) == {1}  # the whole sure chain; roots
+    assert decision.width in budget.widths and decision.width >= max(sizes)
+
+
+def test_the_global_budget_prices_the_batch_s_total_tokens():
+    budget = Controller("static", 16, "global", model(), packs_ragged=True)
+    decision = budget.decide(doubtful_and_confident(), torch.full((4,), 256))
+    tokens = torch.tensor(sum(decision.ragged) / 4, dtype=torch.float64)
+    verify = float(budget.model.verify_price_ms(4, tokens, 256, "static"))
+    assert decision.predicted_verify_ms == pytest.approx(verify)
+
+
+def test_where_the_verify_pads_the_global_layout_decides_as_uniform():
+    tree, context = doubtful_and_confident(), torch.full((4,), 256)
+    padded = Controller("static", 16, "global", model()).decide(tree, context)
+    uniform = Controller("static", 16, "uniform", model()).decide(tree, context)
+    assert padded.ragged is None
+    assert (padded.width, padded.sizes.tolist()) == (uniform.width, uniform.sizes.tolist())

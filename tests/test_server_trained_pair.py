@@ -219,6 +219,10 @@ def test_adaptive_greedy_outputs_equal_the_plain_server(plain_url, adaptive_url)
     state = bastion_counters(adaptive_url)
     assert state["controller"]["mode"] == "static" and state["controller"]["profile"]
     assert state["controller"]["calibration"]["grid_residual"] is True
+    # The default batch-global budget verifies each tree unpadded on bastion_cpu.
+    assert state["controller"]["layout"] == "global" and state["controller"]["packs_ragged"]
+    assert state["ragged_verifies"] > 0
+    assert state["verify_tokens"] == state["tree_nodes"]  # no padding token was verified
 
 
 def test_the_profiles_controller_verifies_smaller_trees_for_bigger_batches(profile, request):

@@ -105,6 +105,26 @@ def test_the_report_counts_the_exact_match_and_names_the_oracle(tmp_path):
     assert best["vs oracle fixed"] == 1.0
 
 
+def test_the_global_budget_is_priced_by_the_tokens_it_verifies(tmp_path):
+    write_fake_trace(tmp_path / "t.jsonl", requests=3, nodes=16, seed=7)
+    _, steps = simulate.load_steps([tmp_path / "t.jsonl"])
+    model = simulate.LatencyModel.uncalibrated(
+        simulate.ModelShape.from_config_file(simulate.ROOT / "tests/data/qwen3-8b-config.json"),
+        simulate.Hardware.lookup("H100-SXM"),
+    )
+    policy = simulate.Controller("static", 16, "global", model, packs_ragged=True)
+    for step in steps[:5]:
+        accept, tokens, cycle = simulate.replay(step, TOP_K, policy)
+        decision = policy.decide(
+            simulate.build_trees(step.probs, step.roots, top_k=TOP_K, max_nodes=16),
+            step.context_lens,
+        )
+        assert tokens == sum(decision.ragged) / 3 and accept.shape == (3,)
+        bucket = round(float(step.context_lens.float().mean()) / 16) * 16  # priced in buckets
+        priced = float(model.cycle_ms(3, torch.tensor(tokens, dtype=torch.float64), bucket))
+        assert cycle == pytest.approx(priced)
+
+
 def test_a_steps_gap_runs_from_its_end_to_the_next_start_and_idling_is_left_out(tmp_path):
     steps = write_fake_trace(tmp_path / "t.jsonl", requests=2, nodes=8, seed=1, idle_after=2)
     _, loaded = simulate.load_steps([tmp_path / "t.jsonl"], idle_gap_s=1.0)

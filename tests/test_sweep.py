@@ -90,6 +90,14 @@ def test_an_adaptive_method_suffix_names_its_own_mode_beside_the_default() -> No
     assert static.env["SGLANG_BASTION_MODE"] == "static"
 
 
+def test_the_uniform_method_is_the_adaptive_controller_with_one_width_per_batch() -> None:
+    adaptive, uniform = parse_methods(
+        ["bastion-adaptive", "bastion-uniform"], DRAFTER, None, Path("p.json")
+    )
+    assert uniform.env == {**adaptive.env, "SGLANG_BASTION_LAYOUT": "uniform"}
+    assert uniform.args == adaptive.args
+
+
 def test_the_surrogate_method_is_the_adaptive_controller_that_does_not_learn() -> None:
     adaptive, surrogate = parse_methods(
         ["bastion-adaptive", "bastion-surrogate"], DRAFTER, None, Path("p.json")

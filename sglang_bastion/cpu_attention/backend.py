@@ -62,6 +62,8 @@ def _refuse(what: str, alternative: str = "triton or flashinfer") -> Unsupported
 class BastionCpuAttnBackend(AttentionBackend):
     """Paged MHA/GQA attention in plain PyTorch (SDPA, float32) for CPU development serving."""
 
+    verifies_ragged = True  # TARGET_VERIFY takes SGLang's per-request ragged verify layout
+
     def __init__(self, model_runner: Any):
         super().__init__()
         if getattr(model_runner, "use_mla_backend", False):
