@@ -345,11 +345,11 @@ class Controller:
         overhead = self.step_overhead_ms(batch)
         cost = self.cost_vector_ms(batch, context) + overhead  # [N] on the host
         device = trees.log_scores.device
-        priced = cost if device.type == "cpu" else self._priced_on(device, batch, context, overhead)
         accepted = trees.surrogate() if scale is None else calibrated_surrogate(trees, scale)
         learning = self.learns_acceptance
         plain_ms = self._plain_ms(cost, batch) if learning else 0.0
         model_plain = False  # whether the model prices a plain step above every tree
+        ragged = total = None  # a packed pass: each request's size, priced by all its tokens
         if self.layout == "global" and self.packs_ragged:
             total = self._total_cost(batch, context, overhead, trees.max_nodes, device)
             sizes, goodput = global_sizes(accepted, trees.num_nodes, total)
@@ -360,19 +360,8 @@ class Controller:
             if width < max(ragged):  # the widths stop short of N
                 ragged = tuple(min(n, width) for n in ragged)
                 sizes = sizes.clamp(max=width)
-            plain = learning and self._steps_plainly(model_plain, batch)
-            if plain:
-                sizes, width, ragged = sizes.new_ones(batch), 1, None
-                cycle = float(cost[0])
-            else:
-                cycle = float(total[sum(ragged) - 1])
-            verify_ms = cycle - overhead - self.model.aux_ms(batch)
-            expected = _at(accepted, sizes)
-            return Decision(
-                sizes, width, verify_ms, cycle, overhead, plain=plain, expected=expected,
-                ragged=ragged,
-            )  # fmt: skip
-        if self.layout == "ragged":
+        elif self.layout == "ragged":
+            priced = self._priced(cost, device, batch, context, overhead)
             sizes = per_request_sizes(trees, priced, self.model.ar_ms(batch), accepted)
             largest = sizes.max()
             if learning:
@@ -384,6 +373,7 @@ class Controller:
             width = next((w for w in self.widths if w >= largest), self.widths[-1])
             sizes = sizes.clamp(max=width)  # below N only where the widths stop short of it
         else:
+            priced = self._priced(cost, device, batch, context, overhead)
             allowed = self._widths_on(device)
             if learning:
                 choice = uniform_choice(trees, priced, allowed, accepted, plain_ms)
@@ -393,11 +383,14 @@ class Controller:
             sizes = trees.num_nodes.clamp(max=width)
         plain = learning and self._steps_plainly(model_plain, batch)
         if plain:  # this step drafted already: what it costs is the width-1 cycle
-            sizes, width = sizes.new_ones(batch), 1
-        cycle = float(cost[width - 1])
+            sizes, width, ragged = sizes.new_ones(batch), 1, None
+        cycle = float(cost[width - 1] if ragged is None else total[sum(ragged) - 1])
         verify_ms = cycle - overhead - self.model.aux_ms(batch)
         expected = _at(accepted, sizes)
-        return Decision(sizes, width, verify_ms, cycle, overhead, plain=plain, expected=expected)
+        return Decision(
+            sizes, width, verify_ms, cycle, overhead, plain=plain, expected=expected,
+            ragged=ragged,
+        )  # fmt: skip
 
     def _steps_plainly(self, model_plain: bool, batch: int) -> bool:
         """Whether this drafted step verifies roots alone; schedules plain steps and probes.
@@ -468,6 +461,15 @@ class Controller:
             verify = self._verify_cache.setdefault(key, price)
         # gamma is linear in the ema modes' price; static mode never learns one (it stays 1).
         return self.model.aux_ms(batch) + self.gamma_at(batch) * verify
+
+    def _priced(
+        self, cost: torch.Tensor, device: torch.device, batch: int, context: float,
+        overhead: float,
+    ) -> torch.Tensor:  # fmt: skip
+        """[N] the drafted cycles ``cost`` (host) as the decision prices them on ``device``."""
+        if device.type == "cpu":
+            return cost
+        return self._priced_on(device, batch, context, overhead)
 
     def _priced_on(
         self, device: torch.device, batch: int, context: float, overhead: float

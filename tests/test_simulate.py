@@ -64,6 +64,15 @@ def write_fake_trace(
     return steps
 
 
+def h100_model(t_aux_ms: float = 0.0) -> simulate.LatencyModel:
+    """Qwen3-8B on the bare H100 roofline (no profile)."""
+    return simulate.LatencyModel.uncalibrated(
+        simulate.ModelShape.from_config_file(simulate.ROOT / "tests/data/qwen3-8b-config.json"),
+        simulate.Hardware.lookup("H100-SXM"),
+        t_aux_ms=t_aux_ms,
+    )
+
+
 def test_the_trace_reads_back_what_was_written(tmp_path):
     steps = write_fake_trace(tmp_path / "t.jsonl", requests=2, nodes=8, seed=0)
     header, records = read_trace(tmp_path / "t.jsonl")
@@ -92,11 +101,7 @@ def test_bigger_trees_accept_at_least_as_much_as_smaller_ones(tmp_path):
 def test_the_report_counts_the_exact_match_and_names_the_oracle(tmp_path):
     write_fake_trace(tmp_path / "t.jsonl", requests=2, nodes=16, seed=5)
     header, steps = simulate.load_steps([tmp_path / "t.jsonl"])
-    model = simulate.LatencyModel.uncalibrated(
-        simulate.ModelShape.from_config_file(simulate.ROOT / "tests/data/qwen3-8b-config.json"),
-        simulate.Hardware.lookup("H100-SXM"),
-        t_aux_ms=2.0,
-    )
+    model = h100_model(t_aux_ms=2.0)
     rows, check = simulate.simulate(steps, header, model, [4, 8, 16], ["static"])
     assert check["equal"] == check["steps"] == len(steps)
     fixed = [r for r in rows if r["policy"].startswith("fixed")]
@@ -108,10 +113,7 @@ def test_the_report_counts_the_exact_match_and_names_the_oracle(tmp_path):
 def test_the_global_budget_is_priced_by_the_tokens_it_verifies(tmp_path):
     write_fake_trace(tmp_path / "t.jsonl", requests=3, nodes=16, seed=7)
     _, steps = simulate.load_steps([tmp_path / "t.jsonl"])
-    model = simulate.LatencyModel.uncalibrated(
-        simulate.ModelShape.from_config_file(simulate.ROOT / "tests/data/qwen3-8b-config.json"),
-        simulate.Hardware.lookup("H100-SXM"),
-    )
+    model = h100_model()
     policy = simulate.Controller("static", 16, "global", model, packs_ragged=True)
     for step in steps[:5]:
         accept, tokens, cycle = simulate.replay(step, TOP_K, policy)
@@ -137,11 +139,7 @@ def test_a_steps_gap_runs_from_its_end_to_the_next_start_and_idling_is_left_out(
 def test_server_throughput_adds_each_steps_gap_to_the_policys_predicted_cycle(tmp_path):
     write_fake_trace(tmp_path / "t.jsonl", requests=2, nodes=16, seed=7, gap_ms=4.0)
     header, steps = simulate.load_steps([tmp_path / "t.jsonl"])
-    model = simulate.LatencyModel.uncalibrated(
-        simulate.ModelShape.from_config_file(simulate.ROOT / "tests/data/qwen3-8b-config.json"),
-        simulate.Hardware.lookup("H100-SXM"),
-        t_aux_ms=2.0,
-    )
+    model = h100_model(t_aux_ms=2.0)
     _, check = simulate.simulate(steps, header, model, [4, 16], ["static"])
     timed = [s for s in steps if s.gap_ms is not None]
     tokens = sum(float(s.recorded_accept.sum()) for s in timed)
@@ -155,10 +153,7 @@ def test_server_throughput_adds_each_steps_gap_to_the_policys_predicted_cycle(tm
 def test_tokens_past_a_requests_budget_do_not_count_towards_server_throughput(tmp_path):
     for budget in (None, 2):
         write_fake_trace(tmp_path / f"{budget}.jsonl", requests=2, nodes=16, seed=9, budget=budget)
-    model = simulate.LatencyModel.uncalibrated(
-        simulate.ModelShape.from_config_file(simulate.ROOT / "tests/data/qwen3-8b-config.json"),
-        simulate.Hardware.lookup("H100-SXM"),
-    )
+    model = h100_model()
     checks = {}
     for budget in (None, 2):
         header, steps = simulate.load_steps([tmp_path / f"{budget}.jsonl"])

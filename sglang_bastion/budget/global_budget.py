@@ -59,7 +59,7 @@ def global_sizes(
     rank[order.indices] = torch.arange(best.numel(), device=device)
     chosen = rank.view(batch, nodes - 1) < extra  # [B, N-1]
     sizes = 1 + chosen.sum(dim=1)  # each request's gains fall, so its chosen slots lead
-    return sizes, goodput.max()
+    return sizes, goodput[extra]
 
 
 def total_tokens(batch: int, max_nodes: int) -> torch.Tensor:
