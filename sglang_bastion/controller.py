@@ -56,6 +56,7 @@ graph per width on GPU), and a width that changes every step would keep paying t
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -184,6 +185,7 @@ class Decision:
     drafted: bool = True  # the step ran the draft pass (False: a plain step, no draft at all)
     expected: torch.Tensor | None = None  # [B] tokens priced per request (None: plain step)
     ragged: tuple[int, ...] | None = None  # host sizes when the verify packs them unpadded
+    probe: bool = False  # drafted while speculation was judged not to pay (a probe, its judge)
 
 
 @dataclass
@@ -220,7 +222,12 @@ class Controller:
     plain_every: int = 64  # speculative steps between two plain steps that measure plain rate
     spec_rate: dict[int, float] = field(default_factory=dict)  # batch size -> tokens/request/ms
     plain_rate: dict[int, float] = field(default_factory=dict)  # the same, plain steps
+    # Plain steps' worth of time the probes of one plain wait lose (batch size -> EMA): the
+    # waits then grow until probes lose at most probe_share of the time.
+    probe_loss: dict[int, float] = field(default_factory=dict)
+    probe_share: float = 0.03
     _probed: bool = field(default=False, repr=False)  # the last probe speculated: judge it next
+    _wait_loss: float | None = field(default=None, repr=False)  # probes' loss since the last wait
     _last_spec_rate: float | None = field(default=None, repr=False)
     _since_plain: int = field(default=0, repr=False)  # drafted steps since the last plain one
     _kinds: frozenset[int] = field(default=frozenset(), repr=False)  # request kinds joined
@@ -381,6 +388,7 @@ class Controller:
             else:
                 width = read_width(uniform_width(trees, priced, allowed, accepted))
             sizes = trees.num_nodes.clamp(max=width)
+        probe = learning and self.backoff > 0
         plain = learning and self._steps_plainly(model_plain, batch)
         if plain:  # this step drafted already: what it costs is the width-1 cycle
             sizes, width, ragged = sizes.new_ones(batch), 1, None
@@ -389,7 +397,7 @@ class Controller:
         expected = _at(accepted, sizes)
         return Decision(
             sizes, width, verify_ms, cycle, overhead, plain=plain, expected=expected,
-            ragged=ragged,
+            ragged=ragged, probe=probe,
         )  # fmt: skip
 
     def _steps_plainly(self, model_plain: bool, batch: int) -> bool:
@@ -400,7 +408,8 @@ class Controller:
         higher and speculation has been measured here already. Otherwise a step goes plain when the
         measured rates say a plain step emits more per millisecond than a speculative one at
         this batch size, or, before both are measured, when the model says so. Each plain
-        decision doubles the plain wait (up to ``max_backoff``); speculating ends it.
+        decision doubles the plain wait (up to ``max_backoff``), and never waits less than
+        `_probe_wait` allows; speculating ends it.
         """
         waiting, measured = self.backoff > 0, _near(self.spec_rate, batch) is not None
         if waiting and not self._probed and not (model_plain and measured):
@@ -410,9 +419,23 @@ class Controller:
         if not (model_plain if loses is None else loses):
             self.backoff, self._probed, self._plain_kinds = 0, False, frozenset()
             return False
-        self.backoff = min(max(1, 2 * self.backoff), self.max_backoff)
+        self.backoff = max(min(max(1, 2 * self.backoff), self.max_backoff), self._probe_wait(batch))
         self.plain_left, self._probed, self._plain_kinds = self.backoff, False, self._kinds
         return True
+
+    def _probe_wait(self, batch: int) -> int:
+        """Plain steps to wait so that probes lose at most ``probe_share`` of the time (0 until
+        probes were measured; at most 8 x ``max_backoff``, so that speculation still resumes).
+
+        Folds the probes' measured loss since the last wait into this batch size's EMA first.
+        """
+        if self._wait_loss is not None:
+            self._fold_rate(self.probe_loss, batch, self._wait_loss)
+            self._wait_loss = None
+        loss = _near(self.probe_loss, batch)
+        if loss is None:
+            return 0
+        return min(math.ceil(loss / self.probe_share), 8 * self.max_backoff)
 
     def _measured_loses(self, batch: int, judged: bool) -> bool | None:
         """Whether speculation emitted less per ms than plain steps (None: not measured).
@@ -535,6 +558,9 @@ class Controller:
         model_cycle = decision.predicted_cycle_ms - decision.overhead_ms
         sample = max(period_ms - model_cycle, -0.5 * model_cycle)
         table[batch] = sample if old is None else old + self.ema_alpha * (sample - old)
+        if decision.probe and emitted is not None and (plain := _near(self.plain_rate, batch)):
+            # a probe's time in plain steps, less what it emitted: the plain steps it cost
+            self._wait_loss = (self._wait_loss or 0.0) + max(0.0, period_ms * plain - emitted)
         if not decision.drafted:
             self._fold_rate(self.plain_rate, batch, 1.0 / period_ms)
         elif not decision.plain and emitted is not None:

@@ -76,6 +76,7 @@ from sglang_bastion.acceptance_scale import (
     step_evidence,
 )
 from sglang_bastion.controller import Controller, Decision, verifies_ragged
+from sglang_bastion.held_draft_kv import HeldDraftKv, holding_allowed
 from sglang_bastion.kernels import draft_head_topk, merge_shard_top_k, shard_top_k
 from sglang_bastion.late_read import LateRead, SpanTimer
 from sglang_bastion.memory import graph_widths_that_fit
@@ -91,6 +92,7 @@ from sglang_bastion.stats import BastionStats
 from sglang_bastion.trace import TraceWriter
 from sglang_bastion.tree import Acceptance, TreeBatch, accept, build_trees_from_top_k, verify_inputs
 from sglang_bastion.tree.ragged import RaggedVerify, pack_ragged, unpack_rows
+from sglang_bastion.tree.roots import root_acceptance, root_verify_inputs
 from sglang_bastion.tree.warmup import warm_tree_ops
 from sglang_bastion.verify_graphs import (
     TreeVerifyGraphRunner,
@@ -180,6 +182,12 @@ class BastionWorker(DFlashWorkerV2):
         # Verify spans still timing on the device (EMA modes on a GPU); the oldest is dropped
         # past 8, as a stalled device would otherwise grow the queue.
         self._late_timings: deque[tuple[Decision, SpanTimer]] = deque(maxlen=8)
+        # Plain steps' draft-KV writes, made together (held_draft_kv); None: made at once.
+        self.held_draft_kv: HeldDraftKv | None = None
+        if (why := holding_allowed(self.server_args, self)) is None:
+            self.held_draft_kv = HeldDraftKv()
+        else:
+            logger.info("BASTION: plain steps write the draft KV at once: %s", why)
         self.profile_info = self.controller.summary(self.options.profile)
         self.trace = None  # opened once the controller is settled (init_attention_backends)
         logger.info(
@@ -270,6 +278,7 @@ class BastionWorker(DFlashWorkerV2):
     ) -> GenerationBatchResult:
         """Prefill as DFlash does; decode with one BASTION tree step."""
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            self._make_held_draft_kv()  # before DFlash's prefill writes the draft KV
             self._period = None  # the next decode period would include this prefill
             result = super().forward_batch_generation(
                 batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
@@ -286,9 +295,21 @@ class BastionWorker(DFlashWorkerV2):
                 self.controller.requests_joined(host_request_kinds(batch.reqs))
             return result
         if batch.forward_mode.is_idle() or batch.spec_info is None:
+            self._make_held_draft_kv()
             self._period = None
             return super().forward_batch_generation(batch, on_publish=on_publish)
         return self._tree_step(batch, on_publish, grammar_barrier)
+
+    def _make_held_draft_kv(self, requests: tuple[str, ...] | None = None) -> None:
+        """Write the held plain steps' draft KV, unless it belongs to ``requests``' batch."""
+        held = self.held_draft_kv
+        if held is None or (requests is not None and held.belongs_to(requests)):
+            return
+        if (taken := held.take()) is not None:
+            features, cache_loc, positions = taken
+            self._append_target_hidden_to_draft_kv_by_loc(
+                target_hidden=features, cache_loc=cache_loc, positions=positions
+            )
 
     # --- one decode step ------------------------------------------------------------------
 
@@ -318,8 +339,12 @@ class BastionWorker(DFlashWorkerV2):
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         window = req_to_token[batch.req_pool_indices.unsqueeze(1), prefix.unsqueeze(1) + slots]
         step = DecodeStep(window.to(torch.int64), prefix, prefix_cpu, grammar_barrier)
+        requests = tuple(req.rid for req in batch.reqs)
+        self._make_held_draft_kv(requests)  # the batch changed: its slots may be handed on
 
         drafts = self.controller.drafts_this_step(bs)
+        if drafts:
+            self._make_held_draft_kv()  # the draft pass reads the contexts' draft KV
         roots = draft_input.bonus_tokens.to(torch.long)  # [bs]
         if drafts:
             top_q, top_ids = self._draft_marginals(batch, draft_input, step)
@@ -346,7 +371,8 @@ class BastionWorker(DFlashWorkerV2):
                 scale = scales(self.acceptance, batch.req_pool_indices)
             decision = self.controller.decide(whole, prefix_cpu, scale)
         self._period = (started, decision, bs)
-        trees = whole.truncate(decision.sizes).narrow(decision.width)
+        # A plain step's trees are the roots already.
+        trees = whole.truncate(decision.sizes).narrow(decision.width) if drafts else whole
         width = decision.width
         listener = self.verify_listener
         # The trace, bastion-calibrate and the debug log take this step's own time (a host
@@ -373,7 +399,8 @@ class BastionWorker(DFlashWorkerV2):
             on_publish(new_seq_lens)
         # A tree of width W emits at most W tokens: only those path columns need features.
         emitted_cols = path[:, : min(width, path.shape[1])]  # [bs, min(W, D+1)]
-        self._write_draft_features(batch, verified.hidden, step, emitted_cols, accept_lens)
+        hold = requests if width == 1 else None
+        self._write_draft_features(batch, verified.hidden, step, emitted_cols, accept_lens, hold)
         if self.controller.learns_acceptance:  # tokens per request, read next step or later
             self._emitted = LateRead(accept_lens.float().mean())
         if drafts and self.acceptance is not None:  # what this step's drafts were worth
@@ -578,9 +605,13 @@ class BastionWorker(DFlashWorkerV2):
         window, prefix, prefix_cpu = step.window, step.prefix, step.prefix_cpu
         bs = len(prefix)
         tail = 0 if ragged else bs * width * width  # SGLang's padded mask: see verify_inputs
-        verify = verify_inputs(
-            trees, prefix, prefix_cpu, kernels=self.options.kernels, mask_tail=tail
-        )
+        roots_alone = width == 1 and not ragged  # a plain step: no tree op is needed
+        if roots_alone:
+            verify = root_verify_inputs(trees.token_ids[:, 0], prefix, prefix_cpu, mask_tail=tail)
+        else:
+            verify = verify_inputs(
+                trees, prefix, prefix_cpu, kernels=self.options.kernels, mask_tail=tail
+            )
         packed = pack_ragged(verify, ragged, prefix_cpu, width) if ragged else None
         grammar = None
         if batch.has_grammar:  # the host copy must start before the verify launch
@@ -595,7 +626,10 @@ class BastionWorker(DFlashWorkerV2):
         target_tokens = self._target_tokens(batch, logits_output.next_token_logits, bs, width)
         # The whole window: the drafter's block may exceed W.
         depth, kernels = self.block_size - 1, self.options.kernels
-        accepted = accept(trees, target_tokens, window, max_depth=depth, kernels=kernels)
+        if roots_alone:
+            accepted = root_acceptance(target_tokens, depth)
+        else:
+            accepted = accept(trees, target_tokens, window, max_depth=depth, kernels=kernels)
         if width > 1:  # a width-1 pass verified the roots alone, already in their slots
             self._keep_accepted_kv(accepted.kv_source, accepted.kv_target)
         if batch.return_logprob:
@@ -749,9 +783,13 @@ class BastionWorker(DFlashWorkerV2):
 
     def _write_draft_features(
         self, batch: Any, hidden: torch.Tensor, step: DecodeStep, path: torch.Tensor,
-        accept_lens: torch.Tensor,
+        accept_lens: torch.Tensor, hold: tuple[str, ...] | None = None,
     ) -> None:  # fmt: skip
-        """Project the accepted path's target features into the draft KV at their slots."""
+        """Project the accepted path's target features into the draft KV at their slots.
+
+        ``hold``: a plain step's batch (its request ids); its one token per request is held
+        with the batch's earlier plain steps' and written with them (`HeldDraftKv`).
+        """
         prefix = step.prefix
         bs, depth = path.shape  # depth: path columns, at most D + 1
         features = hidden.gather(1, path.clamp(min=0).unsqueeze(2).expand(-1, -1, hidden.shape[2]))
@@ -759,6 +797,12 @@ class BastionWorker(DFlashWorkerV2):
         plan = self._plan(batch, prefix, step.prefix_cpu, rows.reshape(-1), depth)
         cache_loc = self._draft_write_ids(plan)
         positions = (prefix.unsqueeze(1) + torch.arange(depth, device=prefix.device)).reshape(-1)
+        held = self.held_draft_kv
+        if hold is not None and held is not None:  # a fresh gather: graph buffers are not held
+            if held.hold(hold, features.reshape(bs * depth, -1), cache_loc, positions):
+                self._make_held_draft_kv()
+            return
+        self._make_held_draft_kv()  # earlier writes first, in order
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=features.reshape(bs * depth, -1),
             cache_loc=cache_loc,

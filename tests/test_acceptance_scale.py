@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -245,3 +246,44 @@ def test_a_model_that_overprices_trees_is_overruled_by_the_measured_rates():
     )  # fmt: skip
     spec = serve(controller, 80, spec_ms=30.0, plain_ms=10.0, emitted=5.0)
     assert not spec[0] and sum(spec[-40:]) >= 39, spec
+
+
+def serve_timed(controller: Controller, steps: int, draft_ms: float) -> tuple[float, float]:
+    """Served steps where trees lose: a plain step takes 10 ms, a draft pass ``draft_ms`` more,
+    a speculative step 60 ms for 2 tokens. Returns (time served, time of the tokens at the
+    plain rate) over the second half of the steps."""
+    state, served, plain_time = new_acceptance_scale(4, "cpu"), 0.0, 0.0
+    ids, contexts = torch.arange(4), torch.full((4,), 256)
+    for i in range(steps):
+        if controller.drafts_this_step(4):
+            decision = controller.decide(confident_trees(4), contexts, scales(state, ids))
+            period, emitted = (10.0 + draft_ms, 1.0) if decision.plain else (60.0, 2.0)
+        else:
+            decision = controller.plain_decision(4, contexts, torch.device("cpu"))
+            period, emitted = 10.0, 1.0
+        controller.observe_period(decision, 4, period, emitted)
+        if i >= steps // 2:
+            served, plain_time = served + period, plain_time + 10.0 * emitted
+    return served, plain_time
+
+
+def test_costly_probes_wait_longer_so_they_lose_at_most_their_share_of_the_time():
+    controller = Controller(
+        "static", 64, "uniform", model(), learn_acceptance=True, measure_overhead=True
+    )
+    served, plain_time = serve_timed(controller, 4000, draft_ms=30.0)
+    # each wait ends in a drafted probe that steps plainly: 3 plain steps' time lost
+    assert controller.probe_loss[4] == pytest.approx(3.0)
+    assert controller.backoff == math.ceil(3.0 / controller.probe_share) > controller.max_backoff
+    assert served / plain_time <= 1 + controller.probe_share, served / plain_time
+
+
+def test_probes_within_their_share_keep_the_doubling_waits():
+    controller = Controller(
+        "static", 64, "uniform", model(), learn_acceptance=True, measure_overhead=True,
+        probe_share=0.5,
+    )  # fmt: skip
+    served, plain_time = serve_timed(controller, 2000, draft_ms=30.0)
+    # 3 plain steps lost per wait are within half the time after 6: the doubling's 64 rule
+    assert controller.backoff == controller.max_backoff
+    assert served / plain_time <= 1 + 3.5 / controller.max_backoff  # one probe per wait

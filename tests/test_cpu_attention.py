@@ -461,6 +461,14 @@ def test_tree_verify_with_padding_nodes(harness, code_path):
     assert_matches_triton(harness, batch, harness.layer(), 18, unlike=(chain, harness.layer()))
 
 
+def test_a_one_token_verify_with_its_mask_sees_its_prefix_and_itself(harness):
+    # A plain step: every request verifies its root alone, under the all-True mask.
+    prefix_lens = [5, 0, 12]
+    mask = torch.ones(sum(prefix_lens) + len(prefix_lens), dtype=torch.bool)
+    batch = harness.verify_batch(prefix_lens, 1, custom_mask=mask)
+    assert_matches_triton(harness, batch, harness.layer(), 3)
+
+
 def test_chain_verify_without_mask_is_causal(harness):
     # DFLASH's target verify: no custom mask, the block is causal after the prefix.
     batch = harness.verify_batch([4, 10], 5)

@@ -93,23 +93,27 @@ def test_server_info_shows_the_controller_and_its_running_averages(traced, serve
     assert bastion["top_k"] == 8
 
 
-def test_the_drafter_module_gives_the_marginals_sglangs_drafter_gave(plain_url, traced, served):
-    _, steps = simulate.read_trace(traced[1])
+def drafted_marginals(
+    plain_url: str, trace: Path, prompt: str, reply: dict
+) -> tuple[list[dict], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One request's drafted steps in a server trace: (steps, the drafter module's marginals
+    [A, D, V] on the request's whole served context, the served top-K ids and probs [A, D, K])."""
+    _, steps = simulate.read_trace(trace)
     target, drafter = (
         load_target(TRAINED_PAIR / "target"),
         DFlashDrafter.load(TRAINED_PAIR / "drafter").eval(),
     )
-    prompt_ids = requests.post(f"{plain_url}/tokenize", json={"prompt": PROMPTS[0]}).json()
-    reply = served[2][0]
+    prompt_ids = requests.post(f"{plain_url}/tokenize", json={"prompt": prompt}).json()
     seq = torch.tensor([prompt_ids["tokens"] + reply["output_ids"]])  # [1, T]
     rid = reply["meta_info"]["id"]
     mine = [(s, s["rids"].index(rid)) for s in steps if rid in s["rids"]]
     # Under overlap scheduling a request can take one step past its end before the scheduler
     # processes the step that ended it; that step's tokens are discarded, so it is left out.
     mine = [(s, r) for s, r in mine if s["context_lens"][r] < seq.shape[1]]
+    drafted = [(s, r) for s, r in mine if s.get("drafted", True)]
 
     def column(key: str) -> torch.Tensor:
-        return torch.tensor([s[key][r] for s, r in mine])
+        return torch.tensor([s[key][r] for s, r in drafted])
 
     anchors = column("context_lens").unsqueeze(0)  # [1, A]: each step's bonus position
     assert torch.equal(seq[0, anchors[0]], column("root_tokens"))
@@ -119,7 +123,13 @@ def test_the_drafter_module_gives_the_marginals_sglangs_drafter_gave(plain_url, 
         _, feats = features(target, seq, drafter.target_layer_ids)
         hidden = drafter(drafter.context(feats), target.model.embed_tokens(block), anchors)
         probs = torch.softmax(target.lm_head(hidden[0, :, 1:]).float(), -1)  # [A, D, V]
-    served_ids, served_q = column("topk_ids"), column("topk_probs")  # [A, D, K]
+    return [s for s, _ in mine], probs, column("topk_ids"), column("topk_probs")
+
+
+def test_the_drafter_module_gives_the_marginals_sglangs_drafter_gave(plain_url, traced, served):
+    _, probs, served_ids, served_q = drafted_marginals(
+        plain_url, traced[1], PROMPTS[0], served[2][0]
+    )
     assert (probs.argmax(-1) == served_ids[..., 0]).float().mean() > 0.9
     assert (probs.gather(-1, served_ids) - served_q).abs().max() < 0.1
 
@@ -180,10 +190,13 @@ def profile(tiny_pair_profile: Path) -> Path:
 @pytest.fixture(scope="module")
 def adaptive_url(tmp_path_factory, profile):
     """BASTION with the adaptive controller (trees of up to 64 nodes) and the profile."""
-    log = tmp_path_factory.mktemp("logs") / "adaptive.log"
-    env = {**TRAINED_ENV, "SGLANG_BASTION_PROFILE": str(profile)}
+    folder = tmp_path_factory.mktemp("adaptive")
+    env = {
+        **TRAINED_ENV, "SGLANG_BASTION_PROFILE": str(profile),
+        "SGLANG_BASTION_TRACE": str(folder / "trace.jsonl"),
+    }  # fmt: skip
     args = [*TRAINED_ARGS, *bastion_args(TRAINED_PAIR / "drafter", 64)]
-    with sglang_server(TRAINED_PAIR / "target", args, log, env=env) as url:
+    with sglang_server(TRAINED_PAIR / "target", args, folder / "adaptive.log", env=env) as url:
         yield url
 
 
@@ -223,6 +236,25 @@ def test_adaptive_greedy_outputs_equal_the_plain_server(plain_url, adaptive_url)
     assert state["controller"]["layout"] == "global" and state["controller"]["packs_ragged"]
     assert state["ragged_verifies"] > 0
     assert state["verify_tokens"] == state["tree_nodes"]  # no padding token was verified
+
+
+def test_drafts_after_plain_steps_see_the_plain_steps_tokens_in_the_draft_kv(
+    plain_url, adaptive_url, tmp_path_factory
+):
+    # The adaptive server runs a plain step after its first speculative ones (it measures
+    # the plain rate); plain steps hold their draft-KV writes and make them before the next
+    # draft pass. A write lost or misplaced would change the drafts that follow it.
+    reply = requests.post(
+        f"{adaptive_url}/generate",
+        json={"text": PROMPTS[1], "sampling_params": {"max_new_tokens": 48, "temperature": 0}},
+        timeout=600,
+    ).json()
+    trace = next(tmp_path_factory.getbasetemp().glob("adaptive*/trace.jsonl"))
+    steps, probs, served_ids, served_q = drafted_marginals(plain_url, trace, PROMPTS[1], reply)
+    kinds = "".join("d" if s.get("drafted", True) else "p" for s in steps)
+    assert "pd" in kinds, kinds  # a drafted step after a plain one
+    assert (probs.argmax(-1) == served_ids[..., 0]).float().mean() > 0.9
+    assert (probs.gather(-1, served_ids) - served_q).abs().max() < 0.1
 
 
 def test_the_profiles_controller_verifies_smaller_trees_for_bigger_batches(profile, request):

@@ -164,12 +164,14 @@ class BastionCpuAttnBackend(AttentionBackend):
             draft_lens = torch.full_like(prefix_lens, per_request)
         flat_mask = getattr(spec_info, "custom_mask", None)
         draft_mask = None
-        if flat_mask is not None and flat_mask.numel() > 0:
+        width = int(draft_lens.max())
+        # One token per request (a plain step) sees its prefix and itself under any mask.
+        if flat_mask is not None and flat_mask.numel() > 0 and width > 1:
             draft_mask = kernels.draft_block_mask(
                 flat_mask,
                 prefix_lens,
                 draft_lens,
-                int(draft_lens.max()),
+                width,
                 self._mask_layout(flat_mask, prefix_lens, draft_lens),
             )
         return self._plan_block(forward_batch, prefix_lens, draft_lens, draft_mask=draft_mask)
