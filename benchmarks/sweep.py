@@ -3,14 +3,16 @@
 python benchmarks/sweep.py --model-path T --draft-model-path D \
     [--eagle-draft-model-path E] [--methods none,dflash,bastion-16,bastion-32,bastion-adaptive] \
     [--concurrency 1,4,16] [--num-prompts P] [--output-len L] [--temperature X] \
-    [--dataset humaneval|prompts.jsonl] [--profile latency_profile.json] [--out DIR] [--quick] \
+    [--dataset humaneval|prompts.jsonl] [--workload streaming|short] \
+    [--profile latency_profile.json] [--out DIR] [--quick] \
     [--repeats R] [-- extra launch_server arguments]
 
 For each method it starts ``python -m sglang.launch_server`` on a free 127.0.0.1 port, waits
 for /health, runs ``sglang.bench_serving`` at each concurrency and stops the server's whole
 process group, also on failure, Ctrl-C or SIGTERM. Each (method, concurrency) cell records output
 tokens/s, requests/s, TTFT and inter-token latency (mean, p50, p99), the average acceptance
-length and the mean tree size; results go to
+length and the mean tree size; ``--workload short`` sends the prompts' first 3 lines and takes
+each reply whole (non-streaming) instead; results go to
 benchmarks/results/sweeps/<date>_<hardware>_<model>/sweep.{json,csv,md,png}. A rerun with the
 same folder skips the cells already measured with the same server setup. With ``--repeats R``
 the whole sweep runs R times into <folder>/r1..rR, each round starting the methods at a
@@ -38,7 +40,14 @@ import time
 from pathlib import Path
 
 from common import RESULTS, machine
-from sweep_bench import BENCH_MODULE, bench_argv, load_prompts, run_bench, write_bench_dataset
+from sweep_bench import (
+    BENCH_MODULE,
+    bench_argv,
+    load_prompts,
+    run_bench,
+    short_prompts,
+    write_bench_dataset,
+)
 from sweep_methods import Method, parse_methods, server_setup
 from sweep_metrics import cell_metrics
 from sweep_report import ResultStore, folder_name, model_name, write_reports
@@ -48,6 +57,7 @@ from tqdm import tqdm
 SWEEPS = RESULTS / "sweeps"
 WORKLOADS = RESULTS / "workloads"  # bench_serving datasets, named by their hash
 DEFAULT_METHODS = "none,dflash,bastion-16,bastion-32,bastion-adaptive"
+WORKLOADS_NAMED = ("streaming", "short")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -67,6 +77,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--output-len", type=int, default=None, help="tokens (default 128)")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--dataset", default="humaneval", help="humaneval or a JSONL of prompts")
+    parser.add_argument(
+        "--workload", choices=WORKLOADS_NAMED, default="streaming",
+        help="streaming: whole prompts, replies streamed; short: their first 3 lines, "
+        "whole replies (non-streaming)",
+    )  # fmt: skip
     parser.add_argument("--profile", type=Path, help="latency profile for bastion-adaptive")
     parser.add_argument("--adaptive-max-nodes", type=int, help="N_max of bastion-adaptive")
     parser.add_argument("--adaptive-mode", help="controller mode of bastion-adaptive (static...)")
@@ -145,6 +160,7 @@ def measure_method(
             argv = bench_argv(
                 url, args.model_path, dataset, num_prompts, args.output_len, concurrency,
                 args.temperature, logs / f"{method.name}.c{concurrency}.bench.jsonl",
+                stream=args.workload == "streaming",
             )  # fmt: skip
             result = run_bench(argv, logs / f"{method.name}.c{concurrency}.bench.log")
             after = server_info(url)
@@ -219,6 +235,7 @@ def run_sweep(args: argparse.Namespace, order: list[str] | None = None) -> tuple
         "eagle_drafter": args.eagle_draft_model_path,
         "profile": str(args.profile) if args.profile else None,
         "dataset": args.dataset,
+        "workload": args.workload,
         "num_prompts": args.num_prompts,
         "num_prompts_text": num_prompts_text,
         "quick": args.quick,
@@ -231,6 +248,8 @@ def run_sweep(args: argparse.Namespace, order: list[str] | None = None) -> tuple
     }
     store = ResultStore(folder, config, meta)
     prompts = load_prompts(args.dataset)
+    if args.workload == "short":
+        prompts = short_prompts(prompts)
     # Under the results folder the workload is stored once for every sweep (by its hash).
     workloads = WORKLOADS if folder.resolve().is_relative_to(SWEEPS.resolve()) else folder
     dataset = write_bench_dataset(prompts, workloads)

@@ -47,6 +47,12 @@ def load_prompts(dataset: str) -> list[dict[str, str]]:
     return humaneval_prompts() if dataset == "humaneval" else jsonl_prompts(Path(dataset))
 
 
+def short_prompts(prompts: list[dict[str, str]], lines: int = 3) -> list[dict[str, str]]:
+    """The first ``lines`` lines of every prompt (a few lines of code, as an editor sends)."""
+    return [{"prompt": "".join(p["prompt"].splitlines(keepends=True)[:lines]),
+             "completion": p["completion"]} for p in prompts]  # fmt: skip
+
+
 def write_bench_dataset(prompts: list[dict[str, str]], folder: Path) -> Path:
     """The prompts in bench_serving's ``custom`` format, stored once in ``folder`` by hash.
 
@@ -78,8 +84,10 @@ def bench_argv(
     temperature: float,
     result_file: Path,
     seed: int = 1,
+    stream: bool = True,
 ) -> list[str]:
-    """bench_serving's command line for one (server, concurrency) cell."""
+    """bench_serving's command line for one (server, concurrency) cell (``stream``: the
+    replies streamed, else each request's whole reply at once)."""
     return [
         "--backend", "sglang",
         "--base-url", url,
@@ -97,6 +105,7 @@ def bench_argv(
         "--seed", str(seed),
         "--disable-tqdm",
         "--output-file", str(result_file),
+        *([] if stream else ["--disable-stream"]),
     ]  # fmt: skip
 
 

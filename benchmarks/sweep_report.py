@@ -173,7 +173,8 @@ def write_reports(store: ResultStore, methods: list[str], title: str) -> str:
         f"Machine: {machine.get('hardware')} ({machine.get('cpu')}), torch {machine.get('torch')}, "
         f"{machine.get('date')}",
         "",
-        f"Model: `{cfg['model']}`, drafter: `{cfg['drafter']}`; workload: {cfg['dataset']}, "
+        f"Model: `{cfg['model']}`, drafter: `{cfg['drafter']}`; workload: {cfg['dataset']} "
+        f"({cfg.get('workload', 'streaming')}), "
         f"{cfg['output_len']} output tokens per request, temperature {cfg['temperature']}, "
         f"prompts per cell: {cfg['num_prompts_text']}. Measured by `sglang.bench_serving`; "
         "acceptance and tree size from the server's own counters (per cell).",

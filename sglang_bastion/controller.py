@@ -408,8 +408,8 @@ class Controller:
         higher and speculation has been measured here already. Otherwise a step goes plain when the
         measured rates say a plain step emits more per millisecond than a speculative one at
         this batch size, or, before both are measured, when the model says so. Each plain
-        decision doubles the plain wait (up to ``max_backoff``), and never waits less than
-        `_probe_wait` allows; speculating ends it.
+        decision doubles the plain wait, up to ``max_backoff`` or, where probes cost more,
+        up to `_probe_wait`; speculating ends it.
         """
         waiting, measured = self.backoff > 0, _near(self.spec_rate, batch) is not None
         if waiting and not self._probed and not (model_plain and measured):
@@ -419,13 +419,14 @@ class Controller:
         if not (model_plain if loses is None else loses):
             self.backoff, self._probed, self._plain_kinds = 0, False, frozenset()
             return False
-        self.backoff = max(min(max(1, 2 * self.backoff), self.max_backoff), self._probe_wait(batch))
+        cap = max(self.max_backoff, self._probe_wait(batch))
+        self.backoff = min(max(1, 2 * self.backoff), cap)
         self.plain_left, self._probed, self._plain_kinds = self.backoff, False, self._kinds
         return True
 
     def _probe_wait(self, batch: int) -> int:
-        """Plain steps to wait so that probes lose at most ``probe_share`` of the time (0 until
-        probes were measured; at most 8 x ``max_backoff``, so that speculation still resumes).
+        """Plain steps a wait needs for its probes to lose at most ``probe_share`` of the time
+        (0 until probes were measured; at most 8 x ``max_backoff``, so speculation resumes).
 
         Folds the probes' measured loss since the last wait into this batch size's EMA first.
         """

@@ -20,7 +20,13 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-from sweep_bench import bench_argv, jsonl_prompts, parse_bench_args, write_bench_dataset  # noqa: E402
+from sweep_bench import (  # noqa: E402
+    bench_argv,
+    jsonl_prompts,
+    parse_bench_args,
+    short_prompts,
+    write_bench_dataset,
+)
 from sweep_medians import cell_label, collect, load_runs, run_shares, summary_rows  # noqa: E402
 from sweep_methods import CPU_STANDINS, parse_methods, server_setup  # noqa: E402
 from sweep_metrics import cell_metrics  # noqa: E402
@@ -320,6 +326,26 @@ def test_bench_serving_reads_the_sweeps_command_line_as_meant(tmp_path: Path) ->
     assert (args.dataset_name, args.num_prompts, args.max_concurrency) == ("custom", 12, 4)
     assert (args.sharegpt_output_len, args.temperature) == (48, 0.5)
     assert args.warmup_requests == 0 and args.flush_cache and not args.disable_ignore_eos
+    assert not args.disable_stream
+    whole = bench_argv(
+        "http://127.0.0.1:1",
+        "tok",
+        tmp_path / "w.jsonl",
+        12,
+        48,
+        4,
+        0.5,
+        tmp_path / "r.jsonl",
+        stream=False,
+    )
+    assert parse_bench_args(whole).disable_stream  # the short workload takes replies whole
+
+
+def test_the_short_workload_keeps_the_first_three_lines_of_each_prompt() -> None:
+    prompts = [{"prompt": 'def f(x):\n    """Twice x.\n\n    >>> f(2)\n', "completion": "c"}]
+    assert short_prompts(prompts) == [
+        {"prompt": 'def f(x):\n    """Twice x.\n\n', "completion": "c"}
+    ]
 
 
 # A stand-in server: answers /health and, like SGLang's launcher, has a child process.
