@@ -92,7 +92,6 @@ from sglang_bastion.stats import BastionStats
 from sglang_bastion.trace import TraceWriter
 from sglang_bastion.tree import Acceptance, TreeBatch, accept, build_trees_from_top_k, verify_inputs
 from sglang_bastion.tree.ragged import RaggedVerify, pack_ragged, unpack_rows
-from sglang_bastion.tree.roots import root_acceptance, root_verify_inputs
 from sglang_bastion.tree.warmup import warm_tree_ops
 from sglang_bastion.verify_graphs import (
     TreeVerifyGraphRunner,
@@ -340,11 +339,9 @@ class BastionWorker(DFlashWorkerV2):
         window = req_to_token[batch.req_pool_indices.unsqueeze(1), prefix.unsqueeze(1) + slots]
         step = DecodeStep(window.to(torch.int64), prefix, prefix_cpu, grammar_barrier)
         requests = tuple(req.rid for req in batch.reqs)
-        self._make_held_draft_kv(requests)  # the batch changed: its slots may be handed on
-
         drafts = self.controller.drafts_this_step(bs)
-        if drafts:
-            self._make_held_draft_kv()  # the draft pass reads the contexts' draft KV
+        # The draft pass reads the contexts' draft KV; a changed batch may hand its slots on.
+        self._make_held_draft_kv(None if drafts else requests)
         roots = draft_input.bonus_tokens.to(torch.long)  # [bs]
         if drafts:
             top_q, top_ids = self._draft_marginals(batch, draft_input, step)
@@ -605,13 +602,9 @@ class BastionWorker(DFlashWorkerV2):
         window, prefix, prefix_cpu = step.window, step.prefix, step.prefix_cpu
         bs = len(prefix)
         tail = 0 if ragged else bs * width * width  # SGLang's padded mask: see verify_inputs
-        roots_alone = width == 1 and not ragged  # a plain step: no tree op is needed
-        if roots_alone:
-            verify = root_verify_inputs(trees.token_ids[:, 0], prefix, prefix_cpu, mask_tail=tail)
-        else:
-            verify = verify_inputs(
-                trees, prefix, prefix_cpu, kernels=self.options.kernels, mask_tail=tail
-            )
+        verify = verify_inputs(
+            trees, prefix, prefix_cpu, kernels=self.options.kernels, mask_tail=tail
+        )
         packed = pack_ragged(verify, ragged, prefix_cpu, width) if ragged else None
         grammar = None
         if batch.has_grammar:  # the host copy must start before the verify launch
@@ -626,10 +619,7 @@ class BastionWorker(DFlashWorkerV2):
         target_tokens = self._target_tokens(batch, logits_output.next_token_logits, bs, width)
         # The whole window: the drafter's block may exceed W.
         depth, kernels = self.block_size - 1, self.options.kernels
-        if roots_alone:
-            accepted = root_acceptance(target_tokens, depth)
-        else:
-            accepted = accept(trees, target_tokens, window, max_depth=depth, kernels=kernels)
+        accepted = accept(trees, target_tokens, window, max_depth=depth, kernels=kernels)
         if width > 1:  # a width-1 pass verified the roots alone, already in their slots
             self._keep_accepted_kv(accepted.kv_source, accepted.kv_target)
         if batch.return_logprob:

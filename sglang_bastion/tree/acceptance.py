@@ -139,11 +139,29 @@ def accept_triton(
     return Acceptance(out[0], num_accepted, bonus, out[1], out[2])
 
 
+def accept_roots(target_tokens: torch.Tensor, max_depth: int) -> Acceptance:
+    """Acceptance of B root-only trees (a plain step): the target's [B, 1] token is the bonus,
+    and no KV moves."""
+    batch, device = target_tokens.shape[0], target_tokens.device
+    path = torch.full((batch, max_depth + 1), -1, dtype=torch.long, device=device)  # [B, D+1]
+    path[:, 0] = 0
+    stays = torch.full_like(path, -1)  # [B, D+1]: no slot moves
+    return Acceptance(
+        path=path,
+        num_accepted=torch.zeros(batch, dtype=torch.long, device=device),  # [B]
+        bonus_tokens=target_tokens[:, 0].to(torch.long),  # [B]
+        kv_source=stays,
+        kv_target=stays.clone(),
+    )
+
+
 def accept(
     trees: TreeBatch, target_tokens: torch.Tensor, window: torch.Tensor, *, max_depth: int,
     kernels: bool = True,
 ) -> Acceptance:  # fmt: skip
     """Accepted paths and KV moves of every tree: Triton on CUDA, torch elsewhere."""
+    if trees.max_nodes == 1:  # roots alone: a plain step
+        return accept_roots(target_tokens, max_depth)
     if use_triton(trees.parents, target_tokens, window, kernels=kernels):
         return accept_triton(trees, target_tokens, window, max_depth=max_depth)
     return accept_reference(trees, target_tokens, window, max_depth=max_depth)

@@ -151,6 +151,28 @@ def verify_inputs_triton(
     )
 
 
+def verify_inputs_roots(
+    roots: torch.Tensor, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor,
+    *, mask_tail: int = 0,
+) -> VerifyInputs:  # fmt: skip
+    """Verify-pass inputs of B root-only trees (a plain step), built directly, no device read.
+
+    ``prefix_lens_cpu``: the host copy of ``prefix_lens``, which sizes the mask. Each root
+    sees its whole prefix and itself, so the flat mask is all True.
+    """
+    batch, device = roots.shape[0], roots.device
+    mask_len = int(prefix_lens_cpu.sum()) + batch + mask_tail  # B rows of prefix + 1 columns
+    no_link = torch.full((batch, 1), -1, dtype=torch.long, device=device)  # [B, 1]
+    return VerifyInputs(
+        input_ids=roots.to(torch.long),  # [B]
+        positions=prefix_lens.to(device=device, dtype=torch.long),  # [B]
+        custom_mask=torch.ones(mask_len, dtype=torch.bool, device=device),
+        retrieve_index=torch.arange(batch, device=device).view(batch, 1),  # [B, 1]
+        retrieve_next_token=no_link,
+        retrieve_next_sibling=no_link.clone(),
+    )
+
+
 def verify_inputs(
     trees: TreeBatch, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor | None = None,
     *, kernels: bool = True, mask_tail: int = 0,
@@ -162,6 +184,9 @@ def verify_inputs(
     seq_lens_sum counts the W verify tokens too, and concatenate a padding every step
     otherwise (``DFlashVerifyInput.generate_attn_arg_prefill``).
     """
+    if trees.max_nodes == 1 and prefix_lens_cpu is not None:  # roots alone: a plain step
+        return verify_inputs_roots(trees.token_ids[:, 0], prefix_lens, prefix_lens_cpu,
+                                   mask_tail=mask_tail)  # fmt: skip
     if use_triton(trees.parents, kernels=kernels):
         return verify_inputs_triton(trees, prefix_lens, prefix_lens_cpu, mask_tail=mask_tail)
     return verify_inputs_reference(trees, prefix_lens, mask_tail=mask_tail)
