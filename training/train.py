@@ -7,13 +7,16 @@ CPU cores). Two recipes:
 
 - ``tiny`` (``training/pair``, about 15 minutes): a 4-layer target (5.2M parameters) on the
   first 12M characters of the training files, a block-8 drafter on greedy continuations;
-- ``b16`` (``training/pair-b16``, about an hour): a larger target on every training file and
-  a block-16 drafter on greedy and temperature-1 continuations.
+- ``b16`` (``training/pair-b16``, about an hour): the tiny pair's target fine-tuned over every
+  training file with unlikelihood against its greedy loops (``training.unlikelihood``), and a
+  block-16 drafter on greedy and temperature-1 continuations.
 
 Four stages:
 
 1. tokenizer: byte-level BPE (4096 tokens) on the training files, chat template, mask token;
-2. target: a Qwen3 causal LM trained on the training files;
+2. target: a Qwen3 causal LM trained on the training files (for ``b16``: next-token loss on
+   them plus unlikelihood on the tokens of its own greedy continuations that copy the stretch
+   just before them);
 3. distillation data: the target's own continuations of prompts cut from the training files
    (greedy, and for ``b16`` also sampled at temperature 1), so the drafter learns what the
    target says, its distribution and not only its argmax;
@@ -55,6 +58,7 @@ from training.formats import (
     train_tokenizer,
 )
 from training.target import features, greedy, load_target, new_target, sample
+from training.unlikelihood import train_unlikelihood
 
 HELD_OUT_PERCENT = 10
 TRAINING = Path(__file__).resolve().parent
@@ -88,31 +92,38 @@ class Recipe:
     bf16: bool = True  # bfloat16 autocast (fast only on CPUs with native bfloat16 matmuls)
     threads: int = 2
     init_from: str = ""  # a pair under training/ whose tokenizer and target this one starts from
+    unlikelihood_steps: int = 0  # steps of unlikelihood fine-tuning against greedy loops
+    unlikelihood_lr: float = 5e-4
+    unlikelihood_run: int = 12  # a continuation token copying this many tokens one period back
+    unlikelihood_batch: int = 8  # rows of real text and of greedy continuations per step
+    unlikelihood_refresh: int = 4  # steps between fresh greedy continuations
 
     def quick(self) -> Recipe:
         """A few steps of everything, to check the pipeline (not a usable pair)."""
         small = {"corpus_chars": 400_000, "seq_len": 128, "target_steps": 2, "target_batch": 4}
         small |= {"distill_sequences": 8, "continuation": 32, "drafter_steps": 2, "anchors": 4}
+        small |= {"unlikelihood_steps": min(self.unlikelihood_steps, 2), "unlikelihood_refresh": 1}
         return Recipe(**{**asdict(self), **small, "target": self.target})
 
 
 RECIPES = {
     "tiny": Recipe(),
-    # The tiny target trained on, over every training file, in float32 (this project's CPU has
-    # no native bfloat16 matmuls), then a block-16 drafter on greedy and sampled continuations.
+    # The tiny target fine-tuned over every training file in float32 (this project's CPU has
+    # no native bfloat16 matmuls) with unlikelihood against its greedy loops, then a block-16
+    # drafter on greedy and sampled continuations.
     "b16": Recipe(
         block_size=16,
         corpus_chars=40_000_000,
-        target_steps=200,
-        target_lr=1e-3,
+        target_steps=0,
+        unlikelihood_steps=450,
+        unlikelihood_lr=6e-4,
         distill_sequences=1024,
-        drafter_steps=700,
+        drafter_steps=900,
         anchors=16,
         decay=7.0,
-        sampled_share=0.5,
+        sampled_share=0.25,
         cache_features=True,
         bf16=False,
-        threads=1,
         init_from="pair",
     ),
 }
@@ -331,6 +342,13 @@ def train_pair(out: Path, recipe: Recipe, seed: int) -> dict:
 
     start = time.perf_counter()
     target = train_target(recipe, stream, gen, log)
+    if recipe.unlikelihood_steps:
+        target = train_unlikelihood(
+            target, stream, gen, steps=recipe.unlikelihood_steps, lr=recipe.unlikelihood_lr,
+            run=recipe.unlikelihood_run, batch=recipe.unlikelihood_batch,
+            seq_len=recipe.seq_len, prompt_len=recipe.prompt_len,
+            continuation=recipe.continuation, refresh=recipe.unlikelihood_refresh, log=log,
+        )  # fmt: skip
     save_model(target_dir, qwen3_config(recipe.target, vocab), target.state_dict())
     times["target_s"] = time.perf_counter() - start
 
