@@ -18,8 +18,10 @@ step) of the DFlash chain (top-1) and of best-first trees of N nodes, the share 
 accept the whole block, how often the accepted path leaves the top-1 chain (a lower-ranked
 sibling accepted), how often the drafter's top-1 is right one level below an accepted top-1
 token vs below an accepted sibling, how well A_hat(N) predicts each step's acceptance (Pearson
-r and a binned table: the paper's Figure 9), and the share of continuations that fall into a
-loop (see ``loops``). One Markdown + JSON file per pair goes to ``benchmarks/results/``.
+r and a binned table: the paper's Figure 9), the share of continuations that fall into a
+loop (see ``loops``) and their repeated 4-grams (``seq_rep``), each beside the held-out code's
+own, and the target's mean probability of its own next token (how sure it is of what it says).
+One Markdown + JSON file per pair goes to ``benchmarks/results/``.
 """
 
 from __future__ import annotations
@@ -74,6 +76,30 @@ def loops(tokens: np.ndarray, span: int = LOOP_SPAN, max_period: int = 64) -> bo
         if len(counts) > run and (counts[run:] - counts[:-run]).max() >= run:
             return True
     return False
+
+
+def seq_rep(tokens: np.ndarray, n: int = 4) -> float:
+    """The share of ``tokens``' n-grams that repeat an earlier one (seq-rep-n, Welleck et al.)."""
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return 1 - len(set(grams)) / max(1, len(grams))
+
+
+@torch.no_grad()
+def own_token_probability(target, seqs: torch.Tensor, first: int) -> float:
+    """The target's mean probability of each of its own tokens after position ``first``."""
+    probs = []
+    for chunk in seqs.split(16):
+        logits = target(input_ids=chunk).logits[:, first - 1 : -1].float()  # [b, C, V]
+        probs.append(torch.softmax(logits, -1).gather(-1, chunk[:, first:, None])[..., 0])
+    return float(torch.cat(probs).mean())
+
+
+def repetition(windows: np.ndarray) -> dict[str, float]:
+    """The loop share and mean seq-rep-4 of rows of continuation tokens."""
+    return {
+        "loop share": float(np.mean([loops(row) for row in windows])),
+        "seq-rep-4": float(np.mean([seq_rep(row) for row in windows])),
+    }
 
 
 @torch.no_grad()
@@ -168,7 +194,10 @@ def measure_pair(pair: Path, temperature: float, args: argparse.Namespace) -> di
     prompts = held_out_prompts(tokenizer, args.prompts, args.prompt_len, args.seed)
     seqs = continuations(target, prompts, args.new_tokens, temperature, args.seed)
     window = seqs[:, args.prompt_len : args.prompt_len + LOOP_WINDOW].numpy()
-    loop_share = float(np.mean([loops(row) for row in window]))
+    repeats = repetition(window)
+    held_out = held_out_prompts(tokenizer, args.prompts, args.prompt_len + LOOP_WINDOW, args.seed)
+    held_out_repeats = repetition(held_out[:, args.prompt_len :].numpy())
+    own_probability = own_token_probability(target, seqs, args.prompt_len)
     probs = torch.cat(
         [block_marginals(target, drafter, chunk, args.prompt_len) for chunk in seqs.split(4)]
     )
@@ -194,7 +223,10 @@ def measure_pair(pair: Path, temperature: float, args: argparse.Namespace) -> di
     return {
         "temperature": temperature,
         "block_size": drafter.block_size,
-        "loop_share": loop_share,
+        "loop_share": repeats["loop share"],
+        "seq_rep_4": repeats["seq-rep-4"],
+        "held_out_text": held_out_repeats,
+        "own_token_probability": own_probability,
         "rows": rows,
         "bins": bins,
     }
@@ -235,7 +267,11 @@ def write_pair(pair: Path, results: list[dict], args: argparse.Namespace) -> Pat
             "",
             f"Continuations that fall into a loop (within their first {LOOP_WINDOW} tokens, a "
             f"span of at least {LOOP_SPAN} tokens repeated back to back): "
-            f"{result['loop_share']:.1%}.",
+            f"{result['loop_share']:.1%} (the held-out code's own next {LOOP_WINDOW} tokens: "
+            f"{result['held_out_text']['loop share']:.1%}). Repeated 4-grams within a "
+            f"continuation (seq-rep-4): {result['seq_rep_4']:.3f} (held-out code: "
+            f"{result['held_out_text']['seq-rep-4']:.3f}). The target's mean probability of its "
+            f"own next token: {result['own_token_probability']:.3f}.",
             "",
             markdown_table(result["rows"], columns),
             "",

@@ -6,10 +6,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from pair_acceptance import loops, path_stats, truth_ranks
+from pair_acceptance import loops, path_stats, seq_rep, truth_ranks
 
 
 def test_a_span_of_sixteen_repeated_back_to_back_is_a_loop():
@@ -30,6 +31,14 @@ def test_short_cycles_and_long_repeated_lines_are_loops():
     line = fresh[:30]  # a 30-token line written twice in a row
     assert loops(np.concatenate([line, line]))
     assert not loops(np.concatenate([line, fresh[60:70], line]))  # recurs, not back to back
+
+
+def test_seq_rep_counts_the_four_grams_that_repeat_an_earlier_one():
+    fresh = np.random.default_rng(2).permutation(1000)[:40]
+    assert seq_rep(fresh) == 0.0
+    assert seq_rep(np.tile(fresh[:2], 10)) == pytest.approx(1 - 2 / 17)  # 17 four-grams, 2 distinct
+    once = np.concatenate([fresh[:10], fresh[:4], fresh[20:30]])  # one 4-gram written twice
+    assert seq_rep(once) == pytest.approx(1 / 21)
 
 
 def test_path_statistics_count_siblings_on_the_accepted_path():

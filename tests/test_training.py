@@ -70,11 +70,12 @@ def test_the_drafter_predicts_the_targets_next_tokens_on_held_out_code(pair):
 
 
 @pytest.mark.slow
-def test_training_is_deterministic_from_the_seed(tmp_path):
-    def train(out: Path) -> bytes:
-        command = [sys.executable, "-m", "training.train", "--quick"]
+@pytest.mark.parametrize("recipe", ["tiny", "b16"])
+def test_training_is_deterministic_from_the_seed(tmp_path, recipe):
+    def train(out: Path) -> tuple[bytes, bytes]:
+        command = [sys.executable, "-m", "training.train", "--quick", "--recipe", recipe]
         subprocess.run([*command, "--out", str(out), "--seed", "3"], check=True, cwd=ROOT,
                        capture_output=True, timeout=300)  # fmt: skip
-        return (out / "drafter" / "model.safetensors").read_bytes()
+        return tuple((out / m / "model.safetensors").read_bytes() for m in ("target", "drafter"))
 
     assert train(tmp_path / "a") == train(tmp_path / "b")
