@@ -27,6 +27,7 @@ One Markdown + JSON file per pair goes to ``benchmarks/results/``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
@@ -54,11 +55,18 @@ def display(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def held_out_prompts(tokenizer, count: int, length: int, seed: int) -> torch.Tensor:
-    """[count, length] token windows cut at random from the held-out files."""
+@functools.cache
+def held_out_stream(tokenizer_path: str) -> torch.Tensor:
+    """[T] the held-out files' tokens under the tokenizer saved at ``tokenizer_path``."""
     root = stdlib_root()
     _, held = split_files(stdlib_files(root), HELD_OUT_PERCENT)
-    stream = token_stream(tokenizer, read_texts(root, held, 2_000_000))
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    return token_stream(tokenizer, read_texts(root, held, 2_000_000))
+
+
+def held_out_prompts(tokenizer, count: int, length: int, seed: int) -> torch.Tensor:
+    """[count, length] token windows cut at random from the held-out files."""
+    stream = held_out_stream(tokenizer.name_or_path)
     gen = torch.Generator().manual_seed(seed)
     starts = torch.randint(len(stream) - length, (count,), generator=gen)
     return torch.stack([stream[s : s + length] for s in starts.tolist()])

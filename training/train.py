@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import shutil
 import sys
@@ -57,6 +56,7 @@ from training.formats import (
     save_model,
     train_tokenizer,
 )
+from training.schedule import cosine_lr
 from training.target import features, greedy, load_target, new_target, sample
 from training.unlikelihood import train_unlikelihood
 
@@ -133,14 +133,6 @@ PAIR_DIRS = {"tiny": "pair", "b16": "pair-b16"}
 def autocast(recipe: Recipe) -> torch.autocast:
     """The recipe's autocast context: bfloat16 or off."""
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16)
-
-
-def cosine_lr(step: int, steps: int, peak: float, warmup: int = 30) -> float:
-    """Linear warm-up then cosine decay to 10% of ``peak``."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def copy_tokenizer(source: Path, out: Path) -> int:

@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 from transformers import Qwen3ForCausalLM
 
+from training.schedule import cosine_lr
 from training.target import greedy
 
 MAX_PERIOD = 64  # the longest period a loop is looked for at (the acceptance benchmark's)
@@ -63,8 +64,6 @@ def train_unlikelihood(
     log: list[dict],
 ) -> Qwen3ForCausalLM:
     """``model`` fine-tuned by next-token loss on ``stream`` plus unlikelihood on its loops."""
-    from training.train import cosine_lr
-
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     pool = marks = None
     bar = tqdm(range(steps), desc="target unlikelihood", unit="step")
