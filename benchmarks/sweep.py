@@ -24,7 +24,9 @@ the worker's default controller mode (or ``--adaptive-mode``); ``bastion-adaptiv
 ``-sync`` suffix on any method runs it on SGLang's synchronous schedule
 (``--disable-overlap-schedule``) beside the default overlapped one.
 Without a visible CUDA device every method runs with the CPU recipe (bastion_cpu attention,
-bfloat16, TRITON_INTERPRET=1).
+bfloat16, TRITON_INTERPRET=1). Every server runs at one ``--max-running-requests`` (default 48),
+so the methods compare at equal batch sizes; medians.md ends with the never-slower table
+(`sweep_never_slower.py`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ SWEEPS = RESULTS / "sweeps"
 WORKLOADS = RESULTS / "workloads"  # bench_serving datasets, named by their hash
 DEFAULT_METHODS = "none,dflash,bastion-16,bastion-32,bastion-adaptive"
 WORKLOADS_NAMED = ("streaming", "short")
+# Every method serves at one --max-running-requests, so that at high concurrency the methods
+# compare at the same batch size: SGLang caps DFLASH (and BASTION follows) at 48 while a server
+# without speculation takes up to 2048, so at C=64 they would otherwise batch 48 against 64.
+EQUAL_CAP = 48
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -89,6 +95,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="max(2, C) prompts of 32 tokens (CI)")
     parser.add_argument("--server-timeout", type=float, default=600.0, help="start-up limit, s")
     parser.add_argument("--repeats", type=int, default=1, help="rounds in rotated method orders")
+    parser.add_argument(
+        "--max-running-requests", type=int, default=EQUAL_CAP,
+        help=f"one cap for every server (default {EQUAL_CAP}: SGLang's DFLASH default, which "
+        "BASTION takes too); 0: each server its own default",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
@@ -105,6 +116,12 @@ def prompts_per_cell(args: argparse.Namespace, concurrency: int) -> int:
     if args.num_prompts:
         return args.num_prompts
     return max(2, concurrency) if args.quick else max(args.min_prompts, 2 * concurrency)
+
+
+def cap_args(args: argparse.Namespace) -> list[str]:
+    """The launcher arguments that give every server the sweep's one request cap (if any)."""
+    cap = args.max_running_requests
+    return ["--max-running-requests", str(cap)] if cap else []
 
 
 def cuda_visible() -> bool:
@@ -140,7 +157,7 @@ def measure_method(
     progress: tqdm,
 ) -> None:
     """Start the method's server, measure every missing concurrency, stop the server."""
-    server_args, env = server_setup(method, args.extra, on_cpu=not cuda_visible())
+    server_args, env = server_setup(method, cap_args(args) + args.extra, not cuda_visible())
     logs = store.folder / "logs"
     started = time.monotonic()
     progress.write(f"[{method.name}] starting server ({' '.join(method.args) or 'no speculation'})")
@@ -242,6 +259,7 @@ def run_sweep(args: argparse.Namespace, order: list[str] | None = None) -> tuple
         "output_len": args.output_len,
         "temperature": args.temperature,
         "extra": args.extra,
+        "max_running_requests": args.max_running_requests or "each server's default",
         "on_cpu": not cuda_visible(),
         "methods": names,
         "concurrency": concurrencies,

@@ -135,8 +135,9 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], path: Path, title: str) -> None:
-    """Median output tok/s (bars: min to max run) and share of the best fixed N, by concurrency."""
+def plot(rows: list[dict], path: Path, title: str, against: list[dict] | None = None) -> None:
+    """Median output tok/s (bars: min to max run), share of the best fixed N and, given the
+    never-slower rows, each adaptive setup's share of the best alternative, by concurrency."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,7 +145,8 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     from sweep_report import concurrency_axis
 
     levels = sorted({r["C"] for r in rows})
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, axes = plt.subplots(1, 3 if against else 2, figsize=(18 if against else 12, 4.2))
+    left, right = axes[0], axes[1]
     for setup in dict.fromkeys(r["setup"] for r in rows):
         mine = [r for r in rows if r["setup"] == setup]
         xs = [r["C"] for r in mine]
@@ -160,6 +162,18 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     for ax, label in ((left, "output tokens/s (median; bars: min-max)"),
                       (right, "% of the best fixed N's median")):  # fmt: skip
         concurrency_axis(ax, levels, label)
+    if against:
+        never = axes[2]
+        for setup in dict.fromkeys(r["setup"] for r in against):
+            mine = [r for r in against if r["setup"] == setup]
+            never.plot([r["C"] for r in mine], [100 * r["of_best"] for r in mine], marker="o",
+                       label=setup)  # fmt: skip
+            for r in mine:
+                never.annotate(r["best"], (r["C"], 100 * r["of_best"]), fontsize=7,
+                               textcoords="offset points", xytext=(0, 6), ha="center")  # fmt: skip
+        never.axhline(100, color="grey", lw=0.8, ls=":")
+        concurrency_axis(never, levels, "% of the best alternative's median (named)")
+        never.legend(fontsize=8)
     left.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
@@ -168,16 +182,23 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def write_medians(folders: list[Path], out: Path, title: str, command: str = "") -> str:
-    """Write medians.md and medians.png of the sweep folders into ``out``; return the table."""
+    """Write medians.md and medians.png of the sweep folders into ``out``; return the text."""
+    import sweep_never_slower as never
+
     runs = load_runs(folders)
-    rows = summary_rows(*collect(runs), run_shares(runs))
+    measured = collect(runs)
+    rows = summary_rows(*measured, run_shares(runs))
+    excluded = never.excluded_references(folders)
+    against = never.never_slower_rows(measured[0], excluded)
     names = ", ".join(f"`{f.name}`" for f in folders)
     ran = f"Command: `{command}`\n\n" if command else ""
     text = f"# {title}\n\n{ran}Runs: {names}.\n\n" + markdown(rows)
+    if against:
+        text += "\n## Never slower\n\n" + never.markdown(against, excluded)
     out.mkdir(parents=True, exist_ok=True)
     (out / "medians.md").write_text(text)
     if rows:
-        plot(rows, out / "medians.png", title)
+        plot(rows, out / "medians.png", title, against)
     return text
 
 

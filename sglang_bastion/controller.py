@@ -307,13 +307,16 @@ class Controller:
     def drafts_this_step(self, batch: int) -> bool:
         """Whether the coming decode step of ``batch`` requests drafts; False: a plain step.
 
-        Plain steps run while speculation does not pay (see `decide`), and, when the step
+        Plain steps run while speculation does not pay (see `decide`; where the measured
+        rates alone already decide it, before any draft pass is spent), and, when the step
         rates are measured, once every ``plain_every`` speculative steps (after 4 while no
         plain step of a similar batch size was measured): the plain rate speculation must
         beat is measured, not assumed.
         """
         if self.plain_left > 0:
             self.plain_left -= 1
+            return False
+        if self.learns_acceptance and self._plain_before_drafting(batch):
             return False
         if self.learns_acceptance and self.measure_overhead:
             self._since_plain += 1
@@ -419,10 +422,29 @@ class Controller:
         if not (model_plain if loses is None else loses):
             self.backoff, self._probed, self._plain_kinds = 0, False, frozenset()
             return False
+        self._wait_plainly(batch)
+        return True
+
+    def _plain_before_drafting(self, batch: int) -> bool:
+        """Whether this step goes plain on the measured rates alone, so drafts nothing.
+
+        `_steps_plainly` reads the drafted trees only where no probe was judged and the
+        rates are not both measured, or to launch a probe; otherwise the rates decide, and a
+        step they judge plain would spend its draft pass for nothing (the last probe lost, or
+        speculation measures slower than plain steps at this batch size).
+        """
+        if self.backoff > 0 and not self._probed:
+            return False  # a probe is due: it drafts
+        if not self._measured_loses(batch, judged=self._probed):
+            return False
+        self._wait_plainly(batch)
+        return True
+
+    def _wait_plainly(self, batch: int) -> None:
+        """Double the plain wait (up to its cap) and start it; speculation was judged."""
         cap = max(self.max_backoff, self._probe_wait(batch))
         self.backoff = min(max(1, 2 * self.backoff), cap)
         self.plain_left, self._probed, self._plain_kinds = self.backoff, False, self._kinds
-        return True
 
     def _probe_wait(self, batch: int) -> int:
         """Plain steps a wait needs for its probes to lose at most ``probe_share`` of the time

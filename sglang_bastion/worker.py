@@ -339,6 +339,16 @@ class BastionWorker(DFlashWorkerV2):
         window = req_to_token[batch.req_pool_indices.unsqueeze(1), prefix.unsqueeze(1) + slots]
         step = DecodeStep(window.to(torch.int64), prefix, prefix_cpu, grammar_barrier)
         requests = tuple(req.rid for req in batch.reqs)
+        while self._late_timings:  # earlier steps' verify times, oldest first, once done
+            if (ms := self._late_timings[0][1].elapsed_ms()) is None:
+                break
+            self._observe_timing(self._late_timings.popleft()[0], ms)
+        if self._period is not None:  # the previous decode step's full period ends here
+            last_start, last_decision, last_bs = self._period
+            period_ms = (started - last_start) * 1e3
+            emitted = self._emitted.value() if self._emitted is not None else None
+            self.controller.observe_period(last_decision, last_bs, period_ms, emitted)
+        # After the last period is folded in: the measured rates may make this step plain.
         drafts = self.controller.drafts_this_step(bs)
         # The draft pass reads the contexts' draft KV; a changed batch may hand its slots on.
         self._make_held_draft_kv(None if drafts else requests)
@@ -351,15 +361,6 @@ class BastionWorker(DFlashWorkerV2):
         else:  # a plain step: the root alone, no draft pass
             top_q = top_ids = torch.empty(bs, 0, self.top_k, device=roots.device)
             whole = TreeBatch.roots(roots)
-        while self._late_timings:  # earlier steps' verify times, oldest first, once done
-            if (ms := self._late_timings[0][1].elapsed_ms()) is None:
-                break
-            self._observe_timing(self._late_timings.popleft()[0], ms)
-        if self._period is not None:  # the previous decode step's full period ends here
-            last_start, last_decision, last_bs = self._period
-            period_ms = (started - last_start) * 1e3
-            emitted = self._emitted.value() if self._emitted is not None else None
-            self.controller.observe_period(last_decision, last_bs, period_ms, emitted)
         scale = None  # [bs]: the requests' acceptance calibration, when learning
         if not drafts:
             decision = self.controller.plain_decision(bs, prefix_cpu, roots.device)

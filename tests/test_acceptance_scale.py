@@ -230,6 +230,28 @@ def test_speculation_that_measures_slower_than_plain_steps_stops():
     assert spec[0] and sum(spec[-40:]) <= 6, spec
 
 
+def test_a_step_the_measured_rates_judge_plain_spends_no_draft_pass():
+    # the drafter is sure (A_hat high, never corrected here) but served trees lose: 1.5 tokens
+    # in 5/3 of a plain step's time. Probes speculate; the step that judges a probe (or the
+    # rates) plain is then a plain step, not a draft pass thrown away.
+    controller = Controller(
+        "static", 64, "uniform", model(), learn_acceptance=True, measure_overhead=True
+    )
+    state, contexts, ids = new_acceptance_scale(4, "cpu"), torch.full((4,), 256), torch.arange(4)
+    wasted = speculated = 0
+    for i in range(400):
+        if drafted := controller.drafts_this_step(4):
+            decision = controller.decide(confident_trees(4), contexts, scales(state, ids))
+        else:
+            decision = controller.plain_decision(4, contexts, torch.device("cpu"))
+        controller.observe_period(decision, 4, 18.0 if decision.plain else 30.0,
+                                  1.0 if decision.plain else 1.5)  # fmt: skip
+        if i >= 200:
+            wasted += drafted and decision.plain
+            speculated += not decision.plain
+    assert wasted == 0 and 0 < speculated <= 8, (wasted, speculated)
+
+
 def test_speculation_that_measures_faster_goes_on():
     controller = Controller(
         "static", 64, "uniform", model(), learn_acceptance=True, measure_overhead=True

@@ -551,3 +551,59 @@ def test_a_servers_port_is_chosen_below_the_ports_the_os_hands_out():
     ports = {free_port() for _ in range(20)}
     assert all(LOWEST_PORT <= port < ephemeral_ports_start() for port in ports)
     assert len(ports) > 1  # chosen at random: two servers starting together rarely meet
+
+
+def test_never_slower_compares_the_adaptive_median_with_the_best_alternative(
+    tmp_path: Path,
+) -> None:
+    from sweep_never_slower import never_slower_rows
+
+    cells = [
+        {"method": "none", "concurrency": 16, "output_tok_s": 200.0},
+        {"method": "dflash", "concurrency": 16, "output_tok_s": 150.0},
+        fixed_cell(8, 16, 180.0),
+        {"method": "none-sync", "concurrency": 16, "output_tok_s": 400.0,
+         "server": {"args": ["--disable-overlap-schedule"]}},
+        adaptive_cell(16, 190.0, 32, overhead=False),
+    ]  # fmt: skip
+    (row,) = never_slower_rows(collect(load_runs([write_run(tmp_path, cells)]))[0])
+    assert row["setup"] == "adaptive N_max=32" and row["best"] == "none"
+    assert row["of_best"] == pytest.approx(190 / 200)
+    assert row["of"] == pytest.approx({"none": 0.95, "dflash": 190 / 150, "bastion-8": 190 / 180})
+
+
+def test_never_slower_leaves_dflash_out_of_a_sampled_cpu_sweep(tmp_path: Path) -> None:
+    from sweep_never_slower import excluded_references, never_slower_rows
+
+    cells = [{"method": "dflash", "concurrency": 1, "output_tok_s": 300.0},
+             {"method": "none", "concurrency": 1, "output_tok_s": 100.0},
+             adaptive_cell(1, 120.0, 32, overhead=False)]  # fmt: skip
+    folder = write_run(tmp_path, cells)
+    data = json.loads((folder / "sweep.json").read_text())
+    for temperature, on_cpu, left_out in ((1.0, True, True), (0.0, True, False),
+                                          (1.0, False, False)):  # fmt: skip
+        data["config"] = {"temperature": temperature, "on_cpu": on_cpu}
+        (folder / "sweep.json").write_text(json.dumps(data))
+        excluded = excluded_references([folder])
+        (row,) = never_slower_rows(collect(load_runs([folder]))[0], excluded)
+        assert ("dflash" in excluded) is left_out
+        assert row["best"] == ("none" if left_out else "dflash")
+
+
+def test_never_slower_marks_a_cell_under_the_best_alternative_in_bold(tmp_path: Path) -> None:
+    from sweep_never_slower import markdown, never_slower_rows
+
+    cells = [{"method": "none", "concurrency": c, "output_tok_s": 100.0} for c in (1, 64)]
+    cells += [adaptive_cell(1, 110.0, 32, overhead=False), adaptive_cell(64, 90.0, 32, False)]
+    table = markdown(never_slower_rows(collect(load_runs([write_run(tmp_path, cells)]))[0]))
+    assert "| 1 | adaptive N_max=32 | 110.0 | none | 100.0 | 110.0% | 110.0% |" in table
+    assert "| 64 | adaptive N_max=32 | 90.0 | none | 100.0 | **90.0%** | **90.0%** |" in table
+
+
+def test_every_server_of_a_sweep_serves_at_one_request_cap() -> None:
+    import sweep
+
+    default = sweep.parse_args(["--model-path", "t"])
+    assert sweep.cap_args(default) == ["--max-running-requests", "48"]
+    assert sweep.cap_args(sweep.parse_args(["--model-path", "t", "--max-running-requests", "0"]))\
+        == []  # fmt: skip
