@@ -50,7 +50,7 @@ from sweep_bench import (
     short_prompts,
     write_bench_dataset,
 )
-from sweep_methods import Method, parse_methods, server_setup
+from sweep_methods import Method, largest_window, parse_methods, pool_tokens, server_setup
 from sweep_metrics import cell_metrics
 from sweep_report import ResultStore, folder_name, model_name, write_reports
 from sweep_server import reset_acceptance, running_server, server_info, warm_up
@@ -124,6 +124,26 @@ def cap_args(args: argparse.Namespace) -> list[str]:
     return ["--max-running-requests", str(cap)] if cap else []
 
 
+def pool_args(
+    args: argparse.Namespace, prompts: list[dict], methods: list[Method], on_cpu: bool
+) -> list[str]:
+    """On a CPU, the --max-total-tokens that lets every server batch the sweep's cap.
+
+    The CPU recipe's pool (8192 tokens) holds about 38 HumanEval requests without speculation
+    and 30 with a 32-token window, so at C=64 the pool, not the cap, would set each method's
+    batch size, and the methods would again compare at different batch sizes.
+    """
+    if not on_cpu or not args.max_running_requests:
+        return []
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model_path)
+    longest = max(len(tokenizer(p["prompt"])["input_ids"]) for p in prompts)
+    window = largest_window(methods)
+    tokens = pool_tokens(args.max_running_requests, longest, args.output_len, window)
+    return ["--max-total-tokens", str(tokens)]
+
+
 def cuda_visible() -> bool:
     """Whether this machine has a CUDA device (else every server runs the CPU recipe)."""
     import torch
@@ -157,7 +177,8 @@ def measure_method(
     progress: tqdm,
 ) -> None:
     """Start the method's server, measure every missing concurrency, stop the server."""
-    server_args, env = server_setup(method, cap_args(args) + args.extra, not cuda_visible())
+    limits = cap_args(args) + args.pool
+    server_args, env = server_setup(method, limits + args.extra, not cuda_visible())
     logs = store.folder / "logs"
     started = time.monotonic()
     progress.write(f"[{method.name}] starting server ({' '.join(method.args) or 'no speculation'})")
@@ -264,10 +285,12 @@ def run_sweep(args: argparse.Namespace, order: list[str] | None = None) -> tuple
         "methods": names,
         "concurrency": concurrencies,
     }
-    store = ResultStore(folder, config, meta)
     prompts = load_prompts(args.dataset)
     if args.workload == "short":
         prompts = short_prompts(prompts)
+    args.pool = pool_args(args, prompts, methods, not cuda_visible())
+    config["max_total_tokens"] = int(args.pool[1]) if args.pool else "each server's default"
+    store = ResultStore(folder, config, meta)
     # Under the results folder the workload is stored once for every sweep (by its hash).
     workloads = WORKLOADS if folder.resolve().is_relative_to(SWEEPS.resolve()) else folder
     dataset = write_bench_dataset(prompts, workloads)

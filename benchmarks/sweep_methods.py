@@ -61,6 +61,25 @@ class Method:
         return {"args": self.args, "env": self.env}
 
 
+def pool_tokens(cap: int, longest_prompt: int, output_len: int, window: int) -> int:
+    """KV tokens a CPU server needs to hold ``cap`` requests at once, rounded up to 1024.
+
+    Each request holds its prompt, its output and, on a speculative server, SGLang's decode
+    over-allocation of 2 x the draft-token window (``DFlashDraftInputV2.prepare_for_decode``).
+    """
+    tokens = cap * (longest_prompt + output_len + 2 * window)
+    return -(-tokens // 1024) * 1024
+
+
+def largest_window(methods: list[Method], default: int = 32) -> int:
+    """The largest --speculative-num-draft-tokens among ``methods`` (``default`` if none)."""
+    windows = [
+        int(m.args[i + 1]) for m in methods for i, flag in enumerate(m.args[:-1])
+        if flag == "--speculative-num-draft-tokens"
+    ]  # fmt: skip
+    return max([default, *windows])
+
+
 def speculative_args(algorithm: str, drafter: Path, num_draft_tokens: int | None = None) -> list:
     """Launcher arguments selecting ``algorithm`` with ``drafter`` (and N draft tokens)."""
     args = ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(drafter)]

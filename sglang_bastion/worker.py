@@ -679,12 +679,10 @@ class BastionWorker(DFlashWorkerV2):
                     batch=None, forward_batch=forward_batch, is_verify=True
                 )
             self.stats.graph_verifies += 1
-        else:
-            target.attn_backend.init_forward_metadata(forward_batch)
+        else:  # SGLang's eager runner plans every target-verify pass itself, from the batch
             out = self.target_worker.forward_batch_generation(
-                batch=None, forward_batch=forward_batch, is_verify=True,
-                skip_attn_backend_init=True,
-            )  # fmt: skip
+                batch=None, forward_batch=forward_batch, is_verify=True
+            )
         logits_output = out.logits_output
         logits = full_vocabulary(self._target_logits_processor, logits_output.next_token_logits)
         bs = len(batch.seq_lens)

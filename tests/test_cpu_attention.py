@@ -469,6 +469,25 @@ def test_a_one_token_verify_with_its_mask_sees_its_prefix_and_itself(harness):
     assert_matches_triton(harness, batch, harness.layer(), 3)
 
 
+def test_a_one_token_verify_of_equal_contexts_attends_without_a_mask(harness):
+    # A plain step of requests with equal contexts: a decode's attention, no mask to build.
+    mask = torch.ones(2 * (7 + 1), dtype=torch.bool)
+    batch = harness.verify_batch([7, 7], 1, custom_mask=mask)
+    assert_matches_triton(harness, batch, harness.layer(), 2)
+    backend = harness.backend(BACKEND_NAME)
+    backend.init_forward_metadata(batch)
+    assert not backend.forward_metadata.needs_mask(causal=True)
+
+
+def test_a_one_token_extend_that_saves_no_kv_attends_its_own_key_as_given(harness):
+    # Not saved, the new keys are not in the pool: the block path must use them as given.
+    batch = harness.extend_batch([4, 2], [1, 1])
+    q, k, v = harness.qkv(2)
+    expected = run(harness.backend("triton"), batch, harness.layer(), q, k, v, False)
+    actual = run(harness.backend(BACKEND_NAME), batch, harness.layer(), q, k, v, False)
+    torch.testing.assert_close(actual, expected, **TOLERANCE)
+
+
 def test_chain_verify_without_mask_is_causal(harness):
     # DFLASH's target verify: no custom mask, the block is causal after the prefix.
     batch = harness.verify_batch([4, 10], 5)

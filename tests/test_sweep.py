@@ -28,7 +28,13 @@ from sweep_bench import (  # noqa: E402
     write_bench_dataset,
 )
 from sweep_medians import cell_label, collect, load_runs, run_shares, summary_rows  # noqa: E402
-from sweep_methods import CPU_STANDINS, parse_methods, server_setup  # noqa: E402
+from sweep_methods import (  # noqa: E402
+    CPU_STANDINS,
+    largest_window,
+    parse_methods,
+    pool_tokens,
+    server_setup,
+)
 from sweep_metrics import cell_metrics  # noqa: E402
 from sweep_report import ResultStore, folder_name, write_reports  # noqa: E402
 from sweep_server import (  # noqa: E402
@@ -607,3 +613,24 @@ def test_every_server_of_a_sweep_serves_at_one_request_cap() -> None:
     assert sweep.cap_args(default) == ["--max-running-requests", "48"]
     assert sweep.cap_args(sweep.parse_args(["--model-path", "t", "--max-running-requests", "0"]))\
         == []  # fmt: skip
+
+
+def test_a_cpu_sweep_pool_holds_its_cap_of_longest_requests_with_the_speculative_reserve() -> None:
+    # 48 requests of 495 prompt + 64 output tokens, each with 2 x 32 reserved: 29,832 tokens.
+    assert pool_tokens(48, 495, 64, 32) == 30720  # rounded up to 1024
+    assert pool_tokens(48, 495, 64, 32) >= 48 * (495 + 64 + 64)
+
+
+def test_the_pool_reserve_is_sized_by_the_largest_draft_token_window_of_a_sweep() -> None:
+    methods = parse_methods(["none", "bastion-8", "bastion-48"], Path("d"))
+    assert largest_window(methods) == 48
+    assert largest_window(parse_methods(["none", "dflash"], Path("d"))) == 32  # the default
+
+
+def test_a_gpu_sweep_or_one_without_a_cap_keeps_each_servers_own_pool() -> None:
+    import sweep
+
+    args = sweep.parse_args(["--model-path", "t"])
+    assert sweep.pool_args(args, [{"prompt": "x"}], [], on_cpu=False) == []
+    uncapped = sweep.parse_args(["--model-path", "t", "--max-running-requests", "0"])
+    assert sweep.pool_args(uncapped, [{"prompt": "x"}], [], on_cpu=True) == []

@@ -6,7 +6,8 @@ one SDPA call over the padded batch, in float32. Modes:
 
 - EXTEND / MIXED / DRAFT_EXTEND_V2: each request's new tokens attend to its cached prefix and,
   causally, to each other (non-causally for ``ENCODER_ONLY`` layers).
-- DECODE: one query per request over its whole cached sequence.
+- DECODE: one query per request over its whole cached sequence. A verify or extend of one
+  token per request without a tree mask (a plain step) takes the same path.
 - TARGET_VERIFY: N draft tokens per request (per-request counts under a ragged verify layout)
   after a prefix of ``seq_lens`` tokens. With ``spec_info.custom_mask`` (a tree) a draft token
   sees the prefix plus the draft tokens its mask row names; without one, the block is causal
@@ -246,6 +247,10 @@ class BastionCpuAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         """Attention of a block of new tokens per request (extend, mixed, verify, draft)."""
         meta = self._begin(k, v, layer, forward_batch, save_kv_cache, kwargs, decode=False)
+        # A plain step's verify (one token per request, its key and value in the pool now):
+        # the decode's attention, which sees every key column of its request.
+        if meta.one_query_each and (k is None or save_kv_cache):
+            return self._attend_one_query(q, layer, meta)
         heads, head_dim, v_dim = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
         layout = meta.layout
         assert layout is not None
@@ -291,6 +296,12 @@ class BastionCpuAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         """Attention of one new token per request over its cached sequence."""
         meta = self._begin(k, v, layer, forward_batch, save_kv_cache, kwargs, decode=True)
+        return self._attend_one_query(q, layer, meta)
+
+    def _attend_one_query(
+        self, q: torch.Tensor, layer: RadixAttention, meta: CpuForwardMetadata
+    ) -> torch.Tensor:
+        """Attention of one query per request over all its key columns (written already)."""
         heads, head_dim, v_dim = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
         batch = meta.kv_slots.shape[0]
         queries = q.reshape(-1, heads, head_dim)[:batch].unsqueeze(1)  # [B, 1, H, D]

@@ -37,9 +37,15 @@ class CpuForwardMetadata:
         """Padded query rows per request Q."""
         return 1 if self.layout is None else self.layout.max_q
 
+    @property
+    def one_query_each(self) -> bool:
+        """Whether every request has one query token that sees all its key columns (a decode,
+        or a verify or extend of one token per request without a tree mask)."""
+        return self.decode or (self.max_q == 1 and self.draft_mask is None)
+
     def needs_mask(self, causal: bool) -> bool:
         """Whether SDPA needs an explicit mask (else none, or its own top-left is_causal)."""
-        if self.decode:
+        if self.one_query_each:  # only the padding columns of shorter requests to hide
             return not self.equal_kv_lens
         if self.draft_mask is None and self.all_prefixes_empty:
             return not (causal or self.equal_kv_lens)
@@ -64,7 +70,7 @@ class CpuForwardMetadata:
     def _build_mask(self, causal: bool, rows: tuple[int, int]) -> torch.Tensor:
         """Build the additive mask of query rows ``rows``."""
         max_kv = self.kv_slots.shape[1]
-        if self.decode:
+        if self.one_query_each:
             columns = torch.arange(max_kv, device=self.kv_slots.device)
             visible = (columns < self.kv_lens.unsqueeze(1)).unsqueeze(1)  # [B, 1, S]
         else:
