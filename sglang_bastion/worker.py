@@ -749,7 +749,7 @@ class BastionWorker(DFlashWorkerV2):
                 next_token_logits=logits, sampling_info=info, draft_token_num=width, bs=bs,
                 max_top_k=max_top_k, uniform_top_k_value=uniform_top_k,
             )  # fmt: skip
-            tokens = torch.multinomial(probs.view(bs * width, -1), 1).view(bs, width)
+            tokens = sample_rows(probs.view(bs * width, -1)).view(bs, width)
         group = self._tp_group
         if group.world_size > 1 and (SYNC_TOKEN_IDS_ACROSS_TP or batch.has_grammar):
             # Ranks draw alike from the same seeded state; SGLang's sampler syncs them anyway
@@ -832,6 +832,18 @@ def host_top_k_bounds(draft: Any) -> tuple[int | None, int | None]:
     if largest is None or (largest == 1 and shared is None):
         return None, None
     return int(largest), shared
+
+
+def sample_rows(probs: torch.Tensor) -> torch.Tensor:
+    """[R] one token per row of [R, V] probabilities, each drawn from its row's distribution.
+
+    The exponential race: argmax of p / E with E ~ Exp(1) i.i.d. picks token v with
+    probability p_v, as ``torch.multinomial`` does, without its host-side bookkeeping on
+    CUDA (SGLang's sampler takes the same race under SGLANG_OPT_USE_GUMBEL_SAMPLE).
+    """
+    race = torch.empty_like(probs, dtype=torch.float32).exponential_(1.0)  # [R, V]
+    race.clamp_(min=torch.finfo(torch.float32).tiny)
+    return (probs.float() / race).argmax(dim=-1)
 
 
 def full_vocabulary(processor: Any, logits: torch.Tensor) -> torch.Tensor:

@@ -488,6 +488,15 @@ def test_a_one_token_extend_that_saves_no_kv_attends_its_own_key_as_given(harnes
     torch.testing.assert_close(actual, expected, **TOLERANCE)
 
 
+def test_a_one_token_verify_that_saves_no_kv_attends_its_own_key_as_given(harness):
+    # The plain step's plan has a query layout too: the block path reads it.
+    batch = harness.verify_batch([3, 0, 8], 1)
+    q, k, v = harness.qkv(3)
+    expected = run(harness.backend("triton"), batch, harness.layer(), q, k, v, False)
+    actual = run(harness.backend(BACKEND_NAME), batch, harness.layer(), q, k, v, False)
+    torch.testing.assert_close(actual, expected, **TOLERANCE)
+
+
 def test_chain_verify_without_mask_is_causal(harness):
     # DFLASH's target verify: no custom mask, the block is causal after the prefix.
     batch = harness.verify_batch([4, 10], 5)

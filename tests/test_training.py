@@ -79,3 +79,45 @@ def test_training_is_deterministic_from_the_seed(tmp_path, recipe):
         return tuple((out / m / "model.safetensors").read_bytes() for m in ("target", "drafter"))
 
     assert train(tmp_path / "a") == train(tmp_path / "b")
+
+
+class _Idle:
+    """A stand-in model for the self-training filter (greedy is replaced below)."""
+
+    def eval(self) -> _Idle:
+        return self
+
+
+def _continuations(monkeypatch, rows: torch.Tensor) -> None:
+    """Make the stage's greedy decoding return ``rows`` (prompt + continuation each)."""
+    from training import self_training
+
+    monkeypatch.setattr(self_training, "greedy", lambda model, prompts, new: rows)
+
+
+def test_self_training_keeps_only_the_continuations_that_do_not_loop(monkeypatch):
+    from training.self_training import loop_free_continuations
+
+    prompt = torch.arange(8).repeat(2, 1)  # [2, P]
+    varied = torch.arange(100, 140)  # 40 distinct tokens
+    looped = torch.tensor([7, 8, 9, 10, 11]).repeat(8)  # a period-5 loop of 40 tokens
+    rows = torch.stack([torch.cat([prompt[0], varied]), torch.cat([prompt[1], looped])])
+    _continuations(monkeypatch, rows)
+    kept = loop_free_continuations(_Idle(), prompt, continuation=40, run=12)
+    assert kept.tolist() == rows[:1].tolist()
+
+
+def test_a_self_training_round_whose_continuations_all_loop_names_the_fix(monkeypatch):
+    from training.self_training import train_self
+    from training.unlikelihood import Continuations
+
+    looped = torch.tensor([3, 4]).repeat(1, 30)  # [1, 60]: prompt and continuation loop
+    _continuations(monkeypatch, looped)
+    model = load_target(PAIR / "target")
+    with pytest.raises(RuntimeError, match="more unlikelihood steps"):
+        train_self(
+            model, torch.arange(500), torch.Generator().manual_seed(0), rounds=1, steps=1,
+            lr=1e-4, prompts=1, real_share=0.5, log=[],
+            draw=Continuations(prompt_len=8, continuation=52, run=12, batch=1, refresh=1,
+                               seq_len=16),
+        )  # fmt: skip

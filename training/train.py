@@ -38,7 +38,7 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -57,8 +57,9 @@ from training.formats import (
     train_tokenizer,
 )
 from training.schedule import cosine_lr
+from training.self_training import train_self
 from training.target import features, greedy, load_target, new_target, sample
-from training.unlikelihood import train_unlikelihood
+from training.unlikelihood import Continuations, train_unlikelihood
 
 HELD_OUT_PERCENT = 10
 TRAINING = Path(__file__).resolve().parent
@@ -97,19 +98,28 @@ class Recipe:
     unlikelihood_run: int = 12  # a continuation token copying this many tokens one period back
     unlikelihood_batch: int = 8  # rows of real text and of greedy continuations per step
     unlikelihood_refresh: int = 4  # steps between fresh greedy continuations
+    self_rounds: int = 0  # rounds of self-training on the target's loop-free continuations
+    self_steps: int = 120  # steps per round
+    self_lr: float = 3e-4
+    self_prompts: int = 512  # prompts continued per round (those that loop are dropped)
+    self_continuation: int = 128  # tokens of each continuation
+    self_real_share: float = 0.5  # weight of real text's next-token loss (the rest: own text)
 
     def quick(self) -> Recipe:
         """A few steps of everything, to check the pipeline (not a usable pair)."""
         small = {"corpus_chars": 400_000, "seq_len": 128, "target_steps": 2, "target_batch": 4}
         small |= {"distill_sequences": 8, "continuation": 32, "drafter_steps": 2, "anchors": 4}
         small |= {"unlikelihood_steps": min(self.unlikelihood_steps, 2), "unlikelihood_refresh": 1}
+        small |= {"self_rounds": min(self.self_rounds, 1), "self_steps": 2, "self_prompts": 8}
+        small |= {"self_continuation": 32}
         return Recipe(**{**asdict(self), **small, "target": self.target})
 
 
 RECIPES = {
     "tiny": Recipe(),
     # The tiny target fine-tuned over every training file in float32 (this project's CPU has
-    # no native bfloat16 matmuls) with unlikelihood against its greedy loops, then a block-16
+    # no native bfloat16 matmuls) with unlikelihood against its greedy loops, self-trained on
+    # its loop-free continuations until it is sure of what it writes, then a block-16
     # drafter on greedy and sampled continuations.
     "b16": Recipe(
         block_size=16,
@@ -117,6 +127,7 @@ RECIPES = {
         target_steps=0,
         unlikelihood_steps=450,
         unlikelihood_lr=6e-4,
+        self_rounds=4,
         distill_sequences=1024,
         drafter_steps=900,
         anchors=16,
@@ -334,12 +345,21 @@ def train_pair(out: Path, recipe: Recipe, seed: int) -> dict:
 
     start = time.perf_counter()
     target = train_target(recipe, stream, gen, log)
+    draw = Continuations(
+        prompt_len=recipe.prompt_len, continuation=recipe.continuation,
+        run=recipe.unlikelihood_run, batch=recipe.unlikelihood_batch,
+        refresh=recipe.unlikelihood_refresh, seq_len=recipe.seq_len,
+    )  # fmt: skip
     if recipe.unlikelihood_steps:
         target = train_unlikelihood(
             target, stream, gen, steps=recipe.unlikelihood_steps, lr=recipe.unlikelihood_lr,
-            run=recipe.unlikelihood_run, batch=recipe.unlikelihood_batch,
-            seq_len=recipe.seq_len, prompt_len=recipe.prompt_len,
-            continuation=recipe.continuation, refresh=recipe.unlikelihood_refresh, log=log,
+            draw=draw, log=log,
+        )  # fmt: skip
+    if recipe.self_rounds:
+        target = train_self(
+            target, stream, gen, rounds=recipe.self_rounds, steps=recipe.self_steps,
+            lr=recipe.self_lr, prompts=recipe.self_prompts, real_share=recipe.self_real_share,
+            draw=replace(draw, continuation=recipe.self_continuation), log=log,
         )  # fmt: skip
     save_model(target_dir, qwen3_config(recipe.target, vocab), target.state_dict())
     times["target_s"] = time.perf_counter() - start

@@ -13,6 +13,8 @@ that copying the stretch it has just written is unlikely.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from tqdm import tqdm
 from transformers import Qwen3ForCausalLM
@@ -48,6 +50,18 @@ def unlikelihood_loss(model: Qwen3ForCausalLM, seqs: torch.Tensor, mask: torch.T
     return (penalty * marked).sum() / marked.sum().clamp(min=1)
 
 
+@dataclass(frozen=True)
+class Continuations:
+    """How a stage draws the target's greedy continuations and its rows of real text."""
+
+    prompt_len: int  # P: tokens of each training prompt
+    continuation: int  # C: greedy tokens after it
+    run: int  # a continuation token copying this many tokens one period back is a loop
+    batch: int  # rows of real text and of continuations per step
+    refresh: int  # steps between fresh continuations of the model as it is then
+    seq_len: int  # tokens of each row of real text
+
+
 def train_unlikelihood(
     model: Qwen3ForCausalLM,
     stream: torch.Tensor,
@@ -55,15 +69,12 @@ def train_unlikelihood(
     *,
     steps: int,
     lr: float,
-    run: int,
-    batch: int,
-    seq_len: int,
-    prompt_len: int,
-    continuation: int,
-    refresh: int,
+    draw: Continuations,
     log: list[dict],
 ) -> Qwen3ForCausalLM:
     """``model`` fine-tuned by next-token loss on ``stream`` plus unlikelihood on its loops."""
+    prompt_len, continuation, run = draw.prompt_len, draw.continuation, draw.run
+    batch, refresh, seq_len = draw.batch, draw.refresh, draw.seq_len
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     pool = marks = None
     bar = tqdm(range(steps), desc="target unlikelihood", unit="step")

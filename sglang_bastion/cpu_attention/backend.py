@@ -33,7 +33,7 @@ from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 from sglang_bastion.cpu_attention import BACKEND_NAME, kernels
-from sglang_bastion.cpu_attention.kernels import DraftMaskLayout
+from sglang_bastion.cpu_attention.kernels import DraftMaskLayout, RaggedLayout
 from sglang_bastion.cpu_attention.plan import CpuForwardMetadata
 from sglang_bastion.kernels.split_attention import split_verify_padded
 
@@ -166,6 +166,8 @@ class BastionCpuAttnBackend(AttentionBackend):
         flat_mask = getattr(spec_info, "custom_mask", None)
         draft_mask = None
         width = int(draft_lens.max())
+        if width == 1 and ragged is None:  # a plain step: one query each, as a decode
+            return self._plan_one_query_each(forward_batch, prefix_lens)
         # One token per request (a plain step) sees its prefix and itself under any mask.
         if flat_mask is not None and flat_mask.numel() > 0 and width > 1:
             draft_mask = kernels.draft_block_mask(
@@ -176,6 +178,32 @@ class BastionCpuAttnBackend(AttentionBackend):
                 self._mask_layout(flat_mask, prefix_lens, draft_lens),
             )
         return self._plan_block(forward_batch, prefix_lens, draft_lens, draft_mask=draft_mask)
+
+    def _plan_one_query_each(
+        self, forward_batch: ForwardBatch, prefix_lens: torch.Tensor
+    ) -> CpuForwardMetadata:
+        """One new token per request after its ``prefix_lens`` cached ones (a plain step)."""
+        kv_lens = prefix_lens + 1  # [B]
+        max_kv = int(kv_lens.max())
+        slots = kernels.kv_slot_table(
+            self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, kv_lens, max_kv
+        )  # [B, S]
+        batch = torch.arange(kv_lens.shape[0], device=kv_lens.device)  # [B]
+        write_loc = forward_batch.out_cache_loc
+        if write_loc is not None:
+            slots[batch, prefix_lens] = write_loc[: batch.shape[0]].long()
+        layout = RaggedLayout(batch, torch.zeros_like(batch), prefix_lens, 1, max_kv, True)
+        return CpuForwardMetadata(
+            decode=False,
+            kv_slots=slots,
+            layout=layout,
+            prefix_lens=prefix_lens,
+            query_lens=torch.ones_like(prefix_lens),
+            kv_lens=kv_lens,
+            draft_mask=None,
+            all_prefixes_empty=False,  # one query each: the mask never reads it
+            equal_kv_lens=bool((kv_lens == max_kv).all()),
+        )
 
     def _plan_block(
         self,
