@@ -21,13 +21,7 @@ from transformers import Qwen3ForCausalLM
 
 from training.schedule import cosine_lr
 from training.target import greedy
-from training.unlikelihood import Continuations, repeat_mask, unlikelihood_loss
-
-
-def windows(stream: torch.Tensor, count: int, length: int, gen: torch.Generator) -> torch.Tensor:
-    """[count, length] random windows of ``stream``."""
-    starts = torch.randint(len(stream) - length, (count,), generator=gen)
-    return torch.stack([stream[s : s + length] for s in starts.tolist()])
+from training.unlikelihood import Continuations, repeat_mask, unlikelihood_loss, windows
 
 
 def loop_free_continuations(

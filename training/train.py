@@ -7,9 +7,10 @@ CPU cores). Two recipes:
 
 - ``tiny`` (``training/pair``, about 15 minutes): a 4-layer target (5.2M parameters) on the
   first 12M characters of the training files, a block-8 drafter on greedy continuations;
-- ``b16`` (``training/pair-b16``, about an hour): the tiny pair's target fine-tuned over every
-  training file with unlikelihood against its greedy loops (``training.unlikelihood``), and a
-  block-16 drafter on greedy and temperature-1 continuations.
+- ``b16`` (``training/pair-b16``, about 70 minutes): the tiny pair's target fine-tuned over every
+  training file with unlikelihood against its greedy loops (``training.unlikelihood``),
+  self-trained on its loop-free continuations (``training.self_training``), and a block-16
+  drafter on greedy and temperature-1 continuations.
 
 Four stages:
 
@@ -127,9 +128,9 @@ RECIPES = {
         target_steps=0,
         unlikelihood_steps=450,
         unlikelihood_lr=6e-4,
-        self_rounds=4,
-        distill_sequences=1024,
-        drafter_steps=900,
+        self_rounds=8,
+        distill_sequences=2048,
+        drafter_steps=1800,
         anchors=16,
         decay=7.0,
         sampled_share=0.25,

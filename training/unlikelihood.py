@@ -50,6 +50,12 @@ def unlikelihood_loss(model: Qwen3ForCausalLM, seqs: torch.Tensor, mask: torch.T
     return (penalty * marked).sum() / marked.sum().clamp(min=1)
 
 
+def windows(stream: torch.Tensor, count: int, length: int, gen: torch.Generator) -> torch.Tensor:
+    """[count, length] random windows of ``stream``."""
+    starts = torch.randint(len(stream) - length, (count,), generator=gen)
+    return torch.stack([stream[s : s + length] for s in starts.tolist()])
+
+
 @dataclass(frozen=True)
 class Continuations:
     """How a stage draws the target's greedy continuations and its rows of real text."""
@@ -80,16 +86,14 @@ def train_unlikelihood(
     bar = tqdm(range(steps), desc="target unlikelihood", unit="step")
     for step in bar:
         if step % refresh == 0:  # fresh greedy continuations of the model as it is now
-            starts = torch.randint(len(stream) - prompt_len, (batch * refresh,), generator=gen)
-            prompts = torch.stack([stream[s : s + prompt_len] for s in starts.tolist()])
             model.eval()
-            pool = greedy(model, prompts, continuation)  # [R, P + C]
+            pool = greedy(model, windows(stream, batch * refresh, prompt_len, gen), continuation)
+            # pool: [R, P + C]
             marks = repeat_mask(pool, prompt_len, run)  # [R, P + C]
         model.train()
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, steps, lr, warmup=10)
-        starts = torch.randint(len(stream) - seq_len - 1, (batch,), generator=gen)
-        text = torch.stack([stream[s : s + seq_len] for s in starts.tolist()])
+        text = windows(stream, batch, seq_len, gen)
         rows = torch.randint(len(pool), (batch,), generator=gen)
         nll = model(input_ids=text, labels=text).loss
         ul = unlikelihood_loss(model, pool[rows], marks[rows])

@@ -116,22 +116,7 @@ class BastionCpuAttnBackend(AttentionBackend):
         spec_info = forward_batch.spec_info
         if spec_info is not None and getattr(spec_info, "kv_indptr", None) is not None:
             raise _refuse("multi-step draft decode (EAGLE draft steps)", "triton")
-        seq_lens = forward_batch.seq_lens.long()  # [B]
-        max_kv = int(seq_lens.max())
-        slots = kernels.kv_slot_table(
-            self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, seq_lens, max_kv
-        )
-        return CpuForwardMetadata(
-            decode=True,
-            kv_slots=slots,
-            layout=None,
-            prefix_lens=seq_lens - 1,
-            query_lens=torch.ones_like(seq_lens),
-            kv_lens=seq_lens,
-            draft_mask=None,
-            all_prefixes_empty=False,
-            equal_kv_lens=bool((seq_lens == max_kv).all()),
-        )
+        return self._one_query_each(forward_batch, forward_batch.seq_lens.long(), decode=True)
 
     def _plan_extend(self, forward_batch: ForwardBatch) -> CpuForwardMetadata:
         """New tokens of each request after its cached prefix."""
@@ -167,8 +152,8 @@ class BastionCpuAttnBackend(AttentionBackend):
         draft_mask = None
         width = int(draft_lens.max())
         if width == 1 and ragged is None:  # a plain step: one query each, as a decode
-            return self._plan_one_query_each(forward_batch, prefix_lens)
-        # One token per request (a plain step) sees its prefix and itself under any mask.
+            return self._one_query_each(forward_batch, prefix_lens + 1, decode=False)
+        # A ragged batch of one token each sees its prefix and itself under any mask.
         if flat_mask is not None and flat_mask.numel() > 0 and width > 1:
             draft_mask = kernels.draft_block_mask(
                 flat_mask,
@@ -179,26 +164,32 @@ class BastionCpuAttnBackend(AttentionBackend):
             )
         return self._plan_block(forward_batch, prefix_lens, draft_lens, draft_mask=draft_mask)
 
-    def _plan_one_query_each(
-        self, forward_batch: ForwardBatch, prefix_lens: torch.Tensor
+    def _one_query_each(
+        self, forward_batch: ForwardBatch, kv_lens: torch.Tensor, decode: bool
     ) -> CpuForwardMetadata:
-        """One new token per request after its ``prefix_lens`` cached ones (a plain step)."""
-        kv_lens = prefix_lens + 1  # [B]
+        """One query per request, the last of its ``kv_lens`` keys.
+
+        A decode reads the new token's key from the cache; a plain verify step (``decode``
+        false) reads it from this forward's write slot, through a one-column ragged layout.
+        """
         max_kv = int(kv_lens.max())
         slots = kernels.kv_slot_table(
             self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, kv_lens, max_kv
         )  # [B, S]
-        batch = torch.arange(kv_lens.shape[0], device=kv_lens.device)  # [B]
-        write_loc = forward_batch.out_cache_loc
-        if write_loc is not None:
-            slots[batch, prefix_lens] = write_loc[: batch.shape[0]].long()
-        layout = RaggedLayout(batch, torch.zeros_like(batch), prefix_lens, 1, max_kv, True)
+        prefix_lens = kv_lens - 1  # [B]
+        layout = None
+        if not decode:
+            batch = torch.arange(kv_lens.shape[0], device=kv_lens.device)  # [B]
+            write_loc = forward_batch.out_cache_loc
+            if write_loc is not None:
+                slots[batch, prefix_lens] = write_loc[: batch.shape[0]].long()
+            layout = RaggedLayout(batch, torch.zeros_like(batch), prefix_lens, 1, max_kv, True)
         return CpuForwardMetadata(
-            decode=False,
+            decode=decode,
             kv_slots=slots,
             layout=layout,
             prefix_lens=prefix_lens,
-            query_lens=torch.ones_like(prefix_lens),
+            query_lens=torch.ones_like(kv_lens),
             kv_lens=kv_lens,
             draft_mask=None,
             all_prefixes_empty=False,  # one query each: the mask never reads it
