@@ -60,7 +60,7 @@ from training.formats import (
 from training.schedule import cosine_lr
 from training.self_training import train_self
 from training.target import features, greedy, load_target, new_target, sample
-from training.unlikelihood import Continuations, train_unlikelihood
+from training.unlikelihood import Continuations, train_unlikelihood, windows
 
 HELD_OUT_PERCENT = 10
 TRAINING = Path(__file__).resolve().parent
@@ -209,10 +209,7 @@ def distill_data(
 
     The first ``1 - sampled_share`` of the rows are greedy, the rest sampled at temperature 1.
     """
-    starts = torch.randint(
-        len(stream) - recipe.prompt_len, (recipe.distill_sequences,), generator=gen
-    )
-    prompts = torch.stack([stream[s : s + recipe.prompt_len] for s in starts.tolist()])
+    prompts = windows(stream, recipe.distill_sequences, recipe.prompt_len, gen)  # [S, P]
     num_greedy = round(len(prompts) * (1 - recipe.sampled_share))
     seed = int(torch.randint(1 << 30, (1,), generator=gen)) if num_greedy < len(prompts) else 0
     greedy_rows, sampled_rows = prompts[:num_greedy], prompts[num_greedy:]
