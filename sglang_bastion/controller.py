@@ -209,6 +209,8 @@ class Controller:
     _seen_shapes: set[tuple[int, int]] = field(default_factory=set, repr=False)  # (B, W) timed
     _device_cache: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
     _device_widths: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    _plain_verify: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
+    _roots: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, repr=False)
     # Learning what is accepted (adaptive modes): the worker passes each step's calibration
     # scales, and a plain step (no draft, the root alone) is an option of every decision.
     learn_acceptance: bool = False
@@ -476,11 +478,19 @@ class Controller:
     ) -> Decision:
         """A plain step's decision: every request verifies its root alone, nothing drafted."""
         context = float(context_lens.float().mean())
-        cost = self.cost_vector_ms(batch, context)
+        key = (batch, round(context / self.context_bucket) * self.context_bucket)
+        if (unit := self._plain_verify.get(key)) is None:  # the verify price of one token each
+            if len(self._plain_verify) >= 4096:
+                self._plain_verify.clear()
+            self.cost_vector_ms(batch, context)  # fills the verify price cache at this key
+            unit = self._plain_verify[key] = float(self._verify_cache[key][0])
+        verify = self.gamma_at(batch) * unit
         overhead = self.plain_overhead_at(batch)
-        cycle = float(cost[0]) - self.model.aux_ms(batch) + overhead
-        sizes = torch.ones(batch, dtype=torch.long, device=device)  # [B]
-        return Decision(sizes, 1, cycle - overhead, cycle, overhead, plain=True, drafted=False)
+        sizes = self._roots.get((batch, str(device)))
+        if sizes is None:  # [B] ones, made once per batch size (read, never written)
+            sizes = torch.ones(batch, dtype=torch.long, device=device)
+            self._roots[(batch, str(device))] = sizes
+        return Decision(sizes, 1, verify, verify + overhead, overhead, plain=True, drafted=False)
 
     def _plain_ms(self, cost: torch.Tensor, batch: int) -> float:
         """A plain step's predicted cycle (``cost``: the drafted cycles, overhead included)."""

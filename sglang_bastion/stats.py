@@ -38,6 +38,8 @@ class BastionStats:
     _priced: torch.Tensor | None = None  # 0-dim: tokens the controller priced, summed
     _accept_counts: torch.Tensor | None = None  # [L]: request-steps by tokens emitted (0..L-1)
     max_accept: int = 16  # the most tokens one step emits per request (the drafter's block)
+    # request-steps of plain steps: a root each, one token each (counted on the host alone)
+    _plain_request_steps: int = 0
 
     def add_step(
         self, sizes: torch.Tensor, accept_lens: torch.Tensor, width: int, predicted: float | None,
@@ -73,6 +75,18 @@ class BastionStats:
             "batch_size": batch, "width": width, "predicted_verify_ms": predicted, "plain": plain
         }  # fmt: skip
 
+    def add_plain_step(self, batch: int, predicted: float | None = None) -> None:
+        """Count one plain step of ``batch`` requests (every one its root alone, one token)."""
+        self._plain_request_steps += batch
+        self.steps += 1
+        self.plain_steps += 1
+        self.request_steps += batch
+        self.verify_tokens += batch
+        self.steps_by_width[1] = self.steps_by_width.get(1, 0) + 1
+        self.last = {
+            "batch_size": batch, "width": 1, "predicted_verify_ms": predicted, "plain": True
+        }  # fmt: skip
+
     def add_timing(self, predicted_ms: float | None, observed_ms: float) -> None:
         """Count an observed verify time beside the model's prediction."""
         self.last["observed_verify_ms"] = observed_ms
@@ -84,21 +98,29 @@ class BastionStats:
     def packed(self) -> torch.Tensor | None:
         """[7 + L] float64 on the device: the counters in `PACKED` order, then the counts by
         tokens emitted (None before the first step)."""
-        if self._tree_nodes is None:
+        if self.steps == 0:
             return None
-        device = self._accept_counts.device
+        plain = float(self._plain_request_steps)  # nodes, roots alone, priced: one each
         host = [self.steps, self.plain_steps, self.request_steps, self.verify_tokens]
+        head = torch.tensor(host + [plain] * 3, dtype=torch.float64)  # [7]
+        counts = torch.zeros(self.max_accept + 1, dtype=torch.float64)  # [L]
+        counts[1] = plain
+        if self._tree_nodes is None:
+            return torch.cat([head, counts])
+        device = self._accept_counts.device
         sums = torch.stack([self._tree_nodes.to(torch.float64), self._root_only.to(torch.float64),
                             self._priced])  # fmt: skip
-        head = torch.tensor(host, dtype=torch.float64).to(device, non_blocking=True)
-        return torch.cat([head, sums, self._accept_counts])
+        head = head.to(device, non_blocking=True)
+        counts = counts.to(device, non_blocking=True)
+        return torch.cat([head[:4], head[4:] + sums, self._accept_counts + counts])
 
     def as_dict(self) -> dict[str, Any]:
         """Counters and derived means as plain JSON values."""
-        nodes = int(self._tree_nodes) if self._tree_nodes is not None else 0
-        accepted = int(self._accepted) if self._accepted is not None else 0
-        root_only = int(self._root_only) if self._root_only is not None else 0
-        priced = float(self._priced) if self._priced is not None else 0.0
+        plain = self._plain_request_steps  # plain steps' requests: one node, one token each
+        nodes = plain + (int(self._tree_nodes) if self._tree_nodes is not None else 0)
+        accepted = plain + (int(self._accepted) if self._accepted is not None else 0)
+        root_only = plain + (int(self._root_only) if self._root_only is not None else 0)
+        priced = plain + (float(self._priced) if self._priced is not None else 0.0)
         per_request = max(self.request_steps, 1)
         return {
             "steps": self.steps,

@@ -177,7 +177,8 @@ class BastionWorker(DFlashWorkerV2):
             )  # fmt: skip
         # (start, decision, batch size) of the last decode step, while no prefill has run since
         self._period: tuple[float, Decision, int] | None = None
-        self._emitted: LateRead | None = None  # that step's mean tokens per request
+        # that step's mean tokens per request (a plain step's is 1.0, known on the host)
+        self._emitted: LateRead | float | None = None
         # Verify spans still timing on the device (EMA modes on a GPU); the oldest is dropped
         # past 8, as a stalled device would otherwise grow the queue.
         self._late_timings: deque[tuple[Decision, SpanTimer]] = deque(maxlen=8)
@@ -346,7 +347,9 @@ class BastionWorker(DFlashWorkerV2):
         if self._period is not None:  # the previous decode step's full period ends here
             last_start, last_decision, last_bs = self._period
             period_ms = (started - last_start) * 1e3
-            emitted = self._emitted.value() if self._emitted is not None else None
+            emitted = self._emitted
+            if isinstance(emitted, LateRead):
+                emitted = emitted.value()
             self.controller.observe_period(last_decision, last_bs, period_ms, emitted)
         # After the last period is folded in: the measured rates may make this step plain.
         drafts = self.controller.drafts_this_step(bs)
@@ -400,7 +403,7 @@ class BastionWorker(DFlashWorkerV2):
         hold = requests if width == 1 else None
         self._write_draft_features(batch, verified.hidden, step, emitted_cols, accept_lens, hold)
         if self.controller.learns_acceptance:  # tokens per request, read next step or later
-            self._emitted = LateRead(accept_lens.float().mean())
+            self._emitted = 1.0 if decision.plain else LateRead(accept_lens.float().mean())
         if drafts and self.acceptance is not None:  # what this step's drafts were worth
             predicted, realised = step_evidence(
                 whole, decision.sizes, accept_lens, target_tokens[:, 0]
@@ -440,10 +443,13 @@ class BastionWorker(DFlashWorkerV2):
         priced: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
         """Update the running stats, metrics and the controller's EMA; log at debug level."""
-        self.stats.add_step(
-            decision.sizes, accept_lens, decision.width, decision.predicted_verify_ms,
-            decision.plain, priced, decision.ragged,
-        )  # fmt: skip
+        if decision.plain:  # roots alone, one token each: counted on the host
+            self.stats.add_plain_step(len(decision.sizes), decision.predicted_verify_ms)
+        else:
+            self.stats.add_step(
+                decision.sizes, accept_lens, decision.width, decision.predicted_verify_ms,
+                decision.plain, priced, decision.ragged,
+            )  # fmt: skip
         if self.metrics is not None:
             after_step(self.metrics, self.stats)
         if verify_ms is not None:
