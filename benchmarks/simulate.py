@@ -105,9 +105,9 @@ def _step(
     record: dict, offset: list[int], streams: dict[str, list[int]], gap_ms: float | None = None
 ) -> Step | None:
     """The greedy part of one step record (None when it has no greedy request, or drafted
-    nothing: a plain step has no drafts to replay)."""
+    nothing: a plain step has no drafts to replay, and a sampled probe drafted for a few)."""
     keep = [i for i, t in enumerate(record["temperatures"]) if t == 0.0]
-    if not keep or not record.get("drafted", True):
+    if not keep or not record.get("drafted", True) or record.get("sampled", False):
         return None
     ids = torch.tensor([record["topk_ids"][i] for i in keep])  # [b, D, K]
     values = torch.tensor([record["topk_probs"][i] for i in keep], dtype=torch.float32)

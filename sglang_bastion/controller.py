@@ -186,6 +186,7 @@ class Decision:
     expected: torch.Tensor | None = None  # [B] tokens priced per request (None: plain step)
     ragged: tuple[int, ...] | None = None  # host sizes when the verify packs them unpadded
     probe: bool = False  # drafted while speculation was judged not to pay (a probe, its judge)
+    sampled: bool = False  # a sampled probe: only `Controller.draft_rows` requests drafted
 
 
 @dataclass
@@ -227,7 +228,12 @@ class Controller:
     # Plain steps' worth of time the probes of one plain wait lose (batch size -> EMA): the
     # waits then grow until probes lose at most probe_share of the time.
     probe_loss: dict[int, float] = field(default_factory=dict)
-    probe_share: float = 0.03
+    probe_share: float = 0.01
+    # A probe at a larger batch first drafts this many of its requests (a sampled probe); what
+    # they accept decides whether the whole batch's draft pass, the full probe, is worth it.
+    probe_rows: int = 4
+    spec_period: dict[int, float] = field(default_factory=dict)  # batch size -> speculative ms
+    _sample_passed: bool = field(default=False, repr=False)  # the next probe drafts everyone
     _probed: bool = field(default=False, repr=False)  # the last probe speculated: judge it next
     _wait_loss: float | None = field(default=None, repr=False)  # probes' loss since the last wait
     _last_spec_rate: float | None = field(default=None, repr=False)
@@ -328,6 +334,14 @@ class Controller:
                 return False
         return True
 
+    def draft_rows(self, batch: int) -> int:
+        """Requests the coming drafted step drafts: all of ``batch``, or `probe_rows` of them
+        when it is a probe whose sample has not yet shown that the full probe is worth it."""
+        sampling = self.learns_acceptance and self.measure_overhead and self.probe_rows > 0
+        if sampling and batch > self.probe_rows and self.backoff > 0 and not self._probed:
+            return batch if self._sample_passed else self.probe_rows
+        return batch
+
     def requests_joined(self, kinds: frozenset[int] | None = None) -> None:
         """New requests of ``kinds`` (GREEDY, SAMPLED; None: unknown) are in the batch: the
         next decode step drafts and decides afresh, unless plain steps run and every joined
@@ -337,15 +351,18 @@ class Controller:
         self._kinds |= kinds or frozenset()
 
     def decide(
-        self, trees: TreeBatch, context_lens: torch.Tensor, scale: torch.Tensor | None = None
-    ) -> Decision:
+        self, trees: TreeBatch, context_lens: torch.Tensor, scale: torch.Tensor | None = None,
+        sample: slice | None = None,
+    ) -> Decision:  # fmt: skip
         """Sizes and width for this step's trees at the batch's size and contexts.
 
         ``scale`` [B]: each request's acceptance calibration (``acceptance_scale``); the
         trees are priced by A_cal instead of A_hat, and when no width beats a plain step the
         decision is plain and the next drafted probe waits (1, 2, 4, up to ``max_backoff``
         plain steps while probes keep choosing plain; requests of a kind not in the batch
-        then end the wait).
+        then end the wait). ``sample``: the rows that drafted (a sampled probe; the others'
+        trees are their roots). Sizes are then priced as if every request had drafted as the
+        sample did on average, and the step speculates on the sample, to measure it.
         """
         if self.mode == "fixed":
             sizes = fixed_sizes(trees, self.max_nodes)
@@ -358,13 +375,18 @@ class Controller:
         cost = self.cost_vector_ms(batch, context) + overhead  # [N] on the host
         device = trees.log_scores.device
         accepted = trees.surrogate() if scale is None else calibrated_surrogate(trees, scale)
+        num_nodes = trees.num_nodes  # [B]
+        if sample is not None:  # a full step's sizes, had every request drafted as these did
+            accepted = accepted[sample].mean(dim=0, keepdim=True).expand(trees.batch_size, -1)
+            num_nodes = trees.num_nodes[sample].max().expand(trees.batch_size)
         learning = self.learns_acceptance
         plain_ms = self._plain_ms(cost, batch) if learning else 0.0
         model_plain = False  # whether the model prices a plain step above every tree
         ragged = total = None  # a packed pass: each request's size, priced by all its tokens
         if self.layout == "global" and self.packs_ragged:
             total = self._total_cost(batch, context, overhead, trees.max_nodes, device)
-            sizes, goodput = global_sizes(accepted, trees.num_nodes, total)
+            sizes, goodput = global_sizes(accepted, num_nodes, total)
+            sizes = torch.minimum(sizes, trees.num_nodes)  # a sampled probe's others: roots
             loses = goodput <= batch / plain_ms if learning else goodput.new_zeros(())
             host = torch.cat([sizes, loses.view(1).to(sizes)]).tolist()  # the one host read
             ragged, model_plain = tuple(host[:-1]), bool(host[-1])
@@ -394,7 +416,8 @@ class Controller:
                 width = read_width(uniform_width(trees, priced, allowed, accepted))
             sizes = trees.num_nodes.clamp(max=width)
         probe = learning and self.backoff > 0
-        plain = learning and self._steps_plainly(model_plain, batch)
+        sampled = sample is not None
+        plain = learning and not sampled and self._steps_plainly(model_plain, batch)
         if plain:  # this step drafted already: what it costs is the width-1 cycle
             sizes, width, ragged = sizes.new_ones(batch), 1, None
         cycle = float(cost[width - 1] if ragged is None else total[sum(ragged) - 1])
@@ -402,7 +425,7 @@ class Controller:
         expected = _at(accepted, sizes)
         return Decision(
             sizes, width, verify_ms, cycle, overhead, plain=plain, expected=expected,
-            ragged=ragged, probe=probe,
+            ragged=ragged, probe=probe, sampled=sampled,
         )  # fmt: skip
 
     def _steps_plainly(self, model_plain: bool, batch: int) -> bool:
@@ -410,19 +433,23 @@ class Controller:
 
         Coming back from plain steps, the first drafted step speculates (a probe: what do
         trees yield now?) and the next one judges it, unless the model prices a plain step
-        higher and speculation has been measured here already. Otherwise a step goes plain when the
-        measured rates say a plain step emits more per millisecond than a speculative one at
-        this batch size, or, before both are measured, when the model says so. Each plain
+        higher and speculation has been measured here already (and no sampled probe passed).
+        Otherwise a step goes plain when the measured rates say a plain step emits more per
+        millisecond than a speculative one at this batch size, or, before both are measured,
+        when the model says so. Each plain
         decision doubles the plain wait, up to ``max_backoff`` or, where probes cost more,
         up to `_probe_wait`; speculating ends it.
         """
         waiting, measured = self.backoff > 0, _near(self.spec_rate, batch) is not None
-        if waiting and not self._probed and not (model_plain and measured):
+        # A passed sample is newer evidence than the rates and the other requests' scales.
+        priced_out = model_plain and measured and not self._sample_passed
+        if waiting and not self._probed and not priced_out:
             self._probed = True
             return False
         loses = self._measured_loses(batch, judged=self._probed)
         if not (model_plain if loses is None else loses):
             self.backoff, self._probed, self._plain_kinds = 0, False, frozenset()
+            self._sample_passed = False
             return False
         self._wait_plainly(batch)
         return True
@@ -447,6 +474,7 @@ class Controller:
         cap = max(self.max_backoff, self._probe_wait(batch))
         self.backoff = min(max(1, 2 * self.backoff), cap)
         self.plain_left, self._probed, self._plain_kinds = self.backoff, False, self._kinds
+        self._sample_passed = False
 
     def _probe_wait(self, batch: int) -> int:
         """Plain steps a wait needs for its probes to lose at most ``probe_share`` of the time
@@ -573,16 +601,26 @@ class Controller:
         return _nearest(self.overhead_ms, batch, 0.0)
 
     def observe_period(
-        self, decision: Decision, batch: int, period_ms: float, emitted: float | None = None
+        self,
+        decision: Decision,
+        batch: int,
+        period_ms: float,
+        emitted: float | None = None,
+        sampled: float | None = None,
     ) -> None:
         """Fold one decode step's period (its start to the next step's start) into the overhead.
 
         Drafted and plain steps keep separate overheads: what a drafted step spends beyond
         the model's cycle includes the draft pass's mispricing, which a plain step never pays.
         ``emitted``: the step's mean tokens per request, when known, for the measured rates
-        that decide between plain and speculative steps.
+        that decide between plain and speculative steps; ``sampled``: a sampled probe's mean
+        over the requests that drafted (see `_judge_sample`).
         """
         if not self.measure_overhead or decision.predicted_cycle_ms is None:
+            return
+        if decision.sampled:  # its period prices neither a plain nor a speculative step
+            self._count_probe_loss(decision, batch, period_ms, emitted)
+            self._judge_sample(batch, sampled)
             return
         table = self.overhead_ms if decision.drafted else self.plain_overhead_ms
         old = table.get(batch)
@@ -591,17 +629,36 @@ class Controller:
         model_cycle = decision.predicted_cycle_ms - decision.overhead_ms
         sample = max(period_ms - model_cycle, -0.5 * model_cycle)
         table[batch] = sample if old is None else old + self.ema_alpha * (sample - old)
-        if decision.probe and emitted is not None and (plain := _near(self.plain_rate, batch)):
-            # a probe's time in plain steps, less what it emitted: the plain steps it cost
-            self._wait_loss = (self._wait_loss or 0.0) + max(0.0, period_ms * plain - emitted)
+        self._count_probe_loss(decision, batch, period_ms, emitted)
         if not decision.drafted:
             self._fold_rate(self.plain_rate, batch, 1.0 / period_ms)
         elif not decision.plain and emitted is not None:
             self._last_spec_rate = emitted / period_ms
             self._fold_rate(self.spec_rate, batch, self._last_spec_rate)
+            self._fold_rate(self.spec_period, batch, period_ms)
+
+    def _count_probe_loss(
+        self, decision: Decision, batch: int, period_ms: float, emitted: float | None
+    ) -> None:
+        """Add a probe's time in plain steps, less what it emitted: the plain steps it cost."""
+        if decision.probe and emitted is not None and (plain := _near(self.plain_rate, batch)):
+            self._wait_loss = (self._wait_loss or 0.0) + max(0.0, period_ms * plain - emitted)
+
+    def _judge_sample(self, batch: int, sampled: float | None) -> None:
+        """After a sampled probe: the full probe goes ahead when its requests emitted, per
+        step, what a speculative step must emit to match plain steps' rate at this batch size
+        (its measured period over a plain step's), or when either is not measured yet;
+        otherwise the plain wait doubles. No value (a read still in flight): sample again."""
+        if sampled is None:
+            return
+        plain, period = _near(self.plain_rate, batch), _near(self.spec_period, batch)
+        if plain is None or period is None or sampled >= period * plain:
+            self._sample_passed = True
+        else:
+            self._wait_plainly(batch)
 
     def _fold_rate(self, table: dict[int, float], batch: int, rate: float) -> None:
-        """EMA of a measured rate (tokens per request per ms) at one batch size."""
+        """EMA of a measured rate (tokens per request per ms) or period (ms) at one batch size."""
         old = table.get(batch)
         table[batch] = rate if old is None else old + self.rate_alpha * (rate - old)
 

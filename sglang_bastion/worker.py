@@ -179,6 +179,8 @@ class BastionWorker(DFlashWorkerV2):
         self._period: tuple[float, Decision, int] | None = None
         # that step's mean tokens per request (a plain step's is 1.0, known on the host)
         self._emitted: LateRead | float | None = None
+        self._sampled: LateRead | None = None  # a sampled probe's mean over its drafting rows
+        self._sample_at = 0  # where the next sampled probe's run of requests starts
         # Verify spans still timing on the device (EMA modes on a GPU); the oldest is dropped
         # past 8, as a stalled device would otherwise grow the queue.
         self._late_timings: deque[tuple[Decision, SpanTimer]] = deque(maxlen=8)
@@ -350,17 +352,21 @@ class BastionWorker(DFlashWorkerV2):
             emitted = self._emitted
             if isinstance(emitted, LateRead):
                 emitted = emitted.value()
-            self.controller.observe_period(last_decision, last_bs, period_ms, emitted)
+            sampled = self._sampled.value() if self._sampled is not None else None
+            self.controller.observe_period(last_decision, last_bs, period_ms, emitted, sampled)
         # After the last period is folded in: the measured rates may make this step plain.
         drafts = self.controller.drafts_this_step(bs)
         # The draft pass reads the contexts' draft KV; a changed batch may hand its slots on.
         self._make_held_draft_kv(None if drafts else requests)
         roots = draft_input.bonus_tokens.to(torch.long)  # [bs]
+        sample = None  # a sampled probe's drafting rows
         if drafts:
-            top_q, top_ids = self._draft_marginals(batch, draft_input, step)
-            whole = build_trees_from_top_k(
-                top_q, top_ids, roots, max_nodes=self.max_nodes, kernels=self.options.kernels
-            )
+            rows = self.controller.draft_rows(bs)
+            if rows < bs:  # a different run of requests each time
+                start = self._sample_at = self._sample_at % (bs - rows + 1)
+                self._sample_at += rows
+                sample = slice(start, start + rows)
+            top_q, top_ids, whole = self._draft_trees(batch, step, roots, sample)
         else:  # a plain step: the root alone, no draft pass
             top_q = top_ids = torch.empty(bs, 0, self.top_k, device=roots.device)
             whole = TreeBatch.roots(roots)
@@ -370,7 +376,7 @@ class BastionWorker(DFlashWorkerV2):
         else:  # the host copy of the contexts: no sync
             if self.acceptance is not None:
                 scale = scales(self.acceptance, batch.req_pool_indices)
-            decision = self.controller.decide(whole, prefix_cpu, scale)
+            decision = self.controller.decide(whole, prefix_cpu, scale, sample)
         self._period = (started, decision, bs)
         # A plain step's trees are the roots already.
         trees = whole.truncate(decision.sizes).narrow(decision.width) if drafts else whole
@@ -404,12 +410,15 @@ class BastionWorker(DFlashWorkerV2):
         self._write_draft_features(batch, verified.hidden, step, emitted_cols, accept_lens, hold)
         if self.controller.learns_acceptance:  # tokens per request, read next step or later
             self._emitted = 1.0 if decision.plain else LateRead(accept_lens.float().mean())
+            self._sampled = None if sample is None else LateRead(accept_lens[sample].float().mean())
         if drafts and self.acceptance is not None:  # what this step's drafts were worth
             predicted, realised = step_evidence(
                 whole, decision.sizes, accept_lens, target_tokens[:, 0]
             )
             kinds = request_kinds(batch.sampling_info, bs, roots.device)
-            observe(self.acceptance, batch.req_pool_indices, kinds, predicted, realised)
+            at = slice(None) if sample is None else sample  # only drafted requests are evidence
+            observe(self.acceptance, batch.req_pool_indices[at], kinds[at], predicted[at],
+                    realised[at])  # fmt: skip
 
         out_tokens = target_tokens.gather(1, path.clamp(min=0))  # [bs, D+1]: emitted run first
         self._commit_penalties(batch, out_tokens, accept_lens)
@@ -443,6 +452,7 @@ class BastionWorker(DFlashWorkerV2):
         priced: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
         """Update the running stats, metrics and the controller's EMA; log at debug level."""
+        self.stats.sampled_probes += decision.sampled
         if decision.plain:  # roots alone, one token each: counted on the host
             self.stats.add_plain_step(len(decision.sizes), decision.predicted_verify_ms)
         else:
@@ -503,6 +513,7 @@ class BastionWorker(DFlashWorkerV2):
             "width": decision.width,
             "plain": decision.plain,  # every request verified its root alone
             "drafted": decision.drafted,  # False: a plain step, topk_* are empty
+            "sampled": decision.sampled,  # a sampled probe: the others' topk_* are zeros
             "emitted": [row[:n] for row, n in zip(out_tokens.tolist(), lens, strict=True)],
             "budgets": [_token_budget(req) for req in batch.reqs],
             "predicted_verify_ms": decision.predicted_verify_ms,
@@ -510,15 +521,41 @@ class BastionWorker(DFlashWorkerV2):
             **timing,
         })  # fmt: skip
 
+    def _draft_trees(
+        self, batch: Any, step: DecodeStep, roots: torch.Tensor, sample: slice | None
+    ) -> tuple[torch.Tensor, torch.Tensor, TreeBatch]:
+        """[bs, D, K] top-K marginals, their tokens and every request's best-first tree.
+
+        ``sample``: only these requests draft (a sampled probe); the others' marginals are
+        zeros and their trees their roots alone.
+        """
+        pool = batch.req_pool_indices
+        if sample is None:
+            top_q, top_ids = self._draft_marginals(pool, roots, step)
+            trees = build_trees_from_top_k(
+                top_q, top_ids, roots, max_nodes=self.max_nodes, kernels=self.options.kernels
+            )
+            return top_q, top_ids, trees
+        part = DecodeStep(step.window[sample], step.prefix[sample], step.prefix_cpu[sample])
+        q, ids = self._draft_marginals(pool[sample], roots[sample], part)  # [P, D, K]
+        drafted = build_trees_from_top_k(
+            q, ids, roots[sample], max_nodes=self.max_nodes, kernels=self.options.kernels
+        )
+        top_q = q.new_zeros(len(roots), *q.shape[1:])  # [bs, D, K]
+        top_ids = ids.new_zeros(len(roots), *ids.shape[1:])
+        top_q[sample], top_ids[sample] = q, ids
+        return top_q, top_ids, TreeBatch.roots(roots).with_rows(sample.start, drafted)
+
     def _draft_marginals(
-        self, batch: Any, draft_input: Any, step: DecodeStep
+        self, pool: torch.Tensor, roots: torch.Tensor, step: DecodeStep
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[bs, D, K] top-K draft marginals (full-vocabulary probabilities) and their tokens."""
+        """[bs, D, K] top-K draft marginals (full-vocabulary probabilities) and their tokens
+        for the requests in req-pool slots ``pool`` [bs], whose committed bonus is ``roots``."""
         prefix, prefix_cpu = step.prefix, step.prefix_cpu
         bs, block = step.window.shape[0], self.block_size
         target_model = self.target_worker.model_runner.model
         block_ids = torch.full((bs, block), int(self._mask_token_id), device=self.device)
-        block_ids[:, 0] = draft_input.bonus_tokens  # [bs, D+1]: bonus, MASK x D
+        block_ids[:, 0] = roots  # [bs, D+1]: bonus, MASK x D
         if self._full_embed_gpu is not None:
             embeds = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
         else:
@@ -530,13 +567,13 @@ class BastionWorker(DFlashWorkerV2):
             embeds = embeds * self._noise_embed_scale
         positions = (prefix.unsqueeze(1) + self._block_pos_offsets).reshape(-1)  # [bs*(D+1)]
         out_cache_loc = step.window[:, :block].reshape(-1)
-        plan = self._plan(batch, prefix, prefix_cpu, out_cache_loc, block)
+        plan = self._plan(pool, prefix, prefix_cpu, out_cache_loc, block)
         seq_lens_cpu = (prefix_cpu + block).to(torch.int32)
         forward_batch = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY,
             batch_size=bs,
             input_ids=block_ids.flatten(),
-            req_pool_indices=batch.req_pool_indices,
+            req_pool_indices=pool,
             seq_lens=prefix,
             out_cache_loc=out_cache_loc,
             seq_lens_sum=int(seq_lens_cpu.sum()),
@@ -583,12 +620,13 @@ class BastionWorker(DFlashWorkerV2):
         )
 
     def _plan(
-        self, batch: Any, prefix: torch.Tensor, prefix_cpu: torch.Tensor,
+        self, pool: torch.Tensor, prefix: torch.Tensor, prefix_cpu: torch.Tensor,
         write: torch.Tensor, extent: int,
     ) -> Any:  # fmt: skip
-        """SGLang's KV location plan for a pass writing ``write`` and reading ``extent`` more."""
+        """SGLang's KV location plan for a pass over the requests in req-pool slots ``pool``
+        writing ``write`` and reading ``extent`` more."""
         return self.target_worker.model_runner.kv_index_translator.plan(
-            req_pool_indices=batch.req_pool_indices,
+            req_pool_indices=pool,
             seq_lens=prefix,
             seq_lens_cpu=prefix_cpu,
             write_virtual=write,
@@ -664,7 +702,9 @@ class BastionWorker(DFlashWorkerV2):
             draft_token_num=width,
             custom_mask=inputs.custom_mask,
             capture_hidden_mode=CaptureHiddenMode.FULL,
-            kv_loc_plan=self._plan(batch, batch.seq_lens, prefix_cpu, out_cache_loc, width),
+            kv_loc_plan=self._plan(
+                batch.req_pool_indices, batch.seq_lens, prefix_cpu, out_cache_loc, width
+            ),
             ragged_verify_layout=None if packed is None else ragged_layout(packed),
         )
         # SGLang builds the verify pass from a ScheduleBatch and writes its fields (the KV
@@ -789,7 +829,7 @@ class BastionWorker(DFlashWorkerV2):
         bs, depth = path.shape  # depth: path columns, at most D + 1
         features = hidden.gather(1, path.clamp(min=0).unsqueeze(2).expand(-1, -1, hidden.shape[2]))
         rows = step.window[:, :depth]  # [bs, D+1]: where the accepted path now lives
-        plan = self._plan(batch, prefix, step.prefix_cpu, rows.reshape(-1), depth)
+        plan = self._plan(batch.req_pool_indices, prefix, step.prefix_cpu, rows.reshape(-1), depth)
         cache_loc = self._draft_write_ids(plan)
         positions = (prefix.unsqueeze(1) + torch.arange(depth, device=prefix.device)).reshape(-1)
         held = self.held_draft_kv

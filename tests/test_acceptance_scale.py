@@ -293,7 +293,7 @@ def test_costly_probes_wait_longer_so_they_lose_at_most_their_share_of_the_time(
     controller = Controller(
         "static", 64, "uniform", model(), learn_acceptance=True, measure_overhead=True
     )
-    served, plain_time = serve_timed(controller, 4000, draft_ms=30.0)
+    served, plain_time = serve_timed(controller, 8000, draft_ms=30.0)
     # each wait ends in a drafted probe that steps plainly: 3 plain steps' time lost
     assert controller.probe_loss[4] == pytest.approx(3.0)
     assert controller.backoff == math.ceil(3.0 / controller.probe_share) > controller.max_backoff
@@ -309,3 +309,99 @@ def test_probes_within_their_share_keep_the_doubling_waits():
     # 3 plain steps lost per wait are within half the time after 6: the doubling's 64 rule
     assert controller.backoff == controller.max_backoff
     assert served / plain_time <= 1 + 3.5 / controller.max_backoff  # one probe per wait
+
+
+def serve_sampled(
+    controller: Controller, steps: int, accept: float, batch: int = 16
+) -> tuple[list[str], float, float]:
+    """Served steps of ``batch`` requests where a request that drafts emits ``accept`` tokens:
+    a plain step takes 10 ms, a whole batch's draft pass 50 ms more and its speculative step
+    30 ms; a sampled probe takes 12 ms. Returns each step's kind ("plain", "sampled", "full"
+    for a whole-batch draft pass), the time served and the time of its tokens at the plain
+    rate."""
+    state, kinds, served, plain_time = new_acceptance_scale(batch, "cpu"), [], 0.0, 0.0
+    ids, contexts = torch.arange(batch), torch.full((batch,), 256)
+    for _ in range(steps):
+        sample = None
+        if not controller.drafts_this_step(batch):
+            decision = controller.plain_decision(batch, contexts, torch.device("cpu"))
+            period, emitted, kind = 10.0, 1.0, "plain"
+        else:
+            rows = controller.draft_rows(batch)
+            sampled = rows < batch
+            decision = controller.decide(
+                confident_trees(batch), contexts, scales(state, ids),
+                slice(0, rows) if sampled else None,
+            )  # fmt: skip
+            if sampled:
+                period, emitted, kind = 12.0, (rows * accept + batch - rows) / batch, "sampled"
+                sample = accept
+            elif decision.plain:
+                period, emitted, kind = 60.0, 1.0, "full"
+            else:
+                period, emitted, kind = 30.0, accept, "full"
+        controller.observe_period(decision, batch, period, emitted, sample)
+        kinds.append(kind)
+        served, plain_time = served + period, plain_time + 10.0 * emitted
+    return kinds, served, plain_time
+
+
+def sampling_controller() -> Controller:
+    """A learning, measuring controller whose probes at batches above 4 draft 4 requests."""
+    return Controller(
+        "static", 64, "uniform", model(), learn_acceptance=True, measure_overhead=True,
+        max_backoff=8,
+    )  # fmt: skip
+
+
+def test_where_trees_lose_probes_at_a_larger_batch_draft_only_a_sample():
+    controller = sampling_controller()
+    kinds, _, _ = serve_sampled(controller, 400, accept=1.5)  # 1.5 tokens in 3x the time
+    tail = kinds[200:]
+    assert tail.count("sampled") >= 10, kinds
+    assert tail.count("full") == 0, kinds  # the samples show the full probe is not worth it
+
+
+def test_sampled_probes_lose_little_of_the_plain_rate():
+    controller = sampling_controller()
+    serve_sampled(controller, 400, accept=1.5)
+    _, served, plain_time = serve_sampled(controller, 400, accept=1.5)
+    # one sampled probe per wait of 8 plain steps, each 1.2 plain steps for 1.125 tokens
+    assert served / plain_time <= 1.02, served / plain_time
+
+
+def test_a_sample_that_accepts_enough_lets_the_full_probe_resume_speculation():
+    controller = sampling_controller()
+    serve_sampled(controller, 200, accept=1.5)
+    assert controller.plain_left > 0 or controller.backoff > 0  # waiting in plain steps
+    kinds, _, _ = serve_sampled(controller, 60, accept=5.0)  # 5 tokens in 3x the time: pays
+    first = kinds.index("sampled")
+    assert "full" in kinds[first : first + 3], kinds  # the full probe follows its sample
+    assert kinds[-30:].count("full") >= 29, kinds
+
+
+def test_probes_at_a_batch_no_larger_than_the_sample_draft_every_request():
+    controller = sampling_controller()
+    kinds, _, _ = serve_sampled(controller, 200, accept=1.5, batch=controller.probe_rows)
+    assert "sampled" not in kinds and kinds.count("full") > 2, kinds
+
+
+def alike_trees(batch: int) -> TreeBatch:
+    """``batch`` copies of one confident request's tree of up to 64 nodes."""
+    whole = confident_trees(4)
+    fields = ("token_ids", "parents", "depths", "log_scores", "num_nodes")
+    firsts = (getattr(whole, name)[:1] for name in fields)
+    return TreeBatch(*(first.expand(batch, *first.shape[1:]) for first in firsts))
+
+
+@pytest.mark.parametrize("layout", ["uniform", "ragged", "global"])
+def test_a_sampled_probe_sizes_its_sample_as_the_full_step_would_and_the_rest_as_roots(layout):
+    controller = Controller("static", 64, layout, model(), packs_ragged=True)
+    contexts = torch.full((16,), 256)
+    full = controller.decide(alike_trees(16), contexts)
+    merged = TreeBatch.roots(torch.zeros(16, dtype=torch.long)).with_rows(4, alike_trees(4))
+    sampled = controller.decide(merged, contexts, sample=slice(4, 8))
+    assert sampled.sampled and not full.sampled
+    assert sampled.width == full.width > 1
+    assert sampled.sizes[4:8].tolist() == full.sizes[4:8].tolist()
+    assert sampled.sizes[:4].tolist() + sampled.sizes[8:].tolist() == [1] * 12

@@ -266,3 +266,19 @@ def test_the_c_merge_refuses_a_tree_larger_than_the_lattice():
     addresses = [t.data_ptr() for t in (log_q, tokens, roots, *outputs)]
     with pytest.raises(ValueError, match="exceeds the number of nodes"):
         builder._compiled().build(*addresses, 1, 2, 2, 8, 9)
+
+
+def test_a_sampled_probes_trees_are_its_samples_trees_and_the_others_roots():
+    generator = torch.Generator().manual_seed(5)
+    probs = random_marginals(3, 4, 32, "smooth", generator)  # [P, D, V]: the sample's drafts
+    roots = torch.arange(100, 106)  # [B]
+    q, ids = top_k_of(probs, 4)
+    drafted = build_trees_from_top_k(q, ids, roots[2:5], max_nodes=8)
+    merged = TreeBatch.roots(roots).with_rows(2, drafted)
+    merged.check()
+    for name in FIELDS:
+        assert torch.equal(getattr(merged, name)[2:5], getattr(drafted, name)), name
+    others = [0, 1, 5]
+    assert merged.num_nodes[others].tolist() == [1, 1, 1]
+    assert merged.token_ids[others, 0].tolist() == [100, 101, 105]
+    assert merged.surrogate()[others].tolist() == [[1.0] * 8] * 3  # nothing to accept

@@ -43,6 +43,26 @@ class TreeBatch:
             num_nodes=torch.ones(tokens.shape[0], dtype=torch.long, device=tokens.device),
         )  # fmt: skip
 
+    def with_rows(self, start: int, part: TreeBatch) -> TreeBatch:
+        """These trees with rows ``start``.. replaced by ``part``'s, all padded to the wider N."""
+        n = max(self.max_nodes, part.max_nodes)
+        rows = slice(start, start + part.batch_size)
+
+        def merged(mine: torch.Tensor, theirs: torch.Tensor, fill: float) -> torch.Tensor:
+            out = torch.nn.functional.pad(mine, (0, n - mine.shape[1]), value=fill)  # [B, N]
+            out[rows] = torch.nn.functional.pad(theirs, (0, n - theirs.shape[1]), value=fill)
+            return out
+
+        num_nodes = self.num_nodes.clone()  # [B]
+        num_nodes[rows] = part.num_nodes
+        return TreeBatch(
+            token_ids=merged(self.token_ids, part.token_ids, 0),
+            parents=merged(self.parents, part.parents, -1),
+            depths=merged(self.depths, part.depths, 0),
+            log_scores=merged(self.log_scores, part.log_scores, float("-inf")),
+            num_nodes=num_nodes,
+        )
+
     def real_mask(self) -> torch.Tensor:
         """[B, N] bool: True for real nodes, False for padding."""
         slots = torch.arange(self.max_nodes, device=self.token_ids.device)
