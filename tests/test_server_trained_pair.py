@@ -242,10 +242,11 @@ def test_drafts_after_plain_steps_see_the_plain_steps_tokens_in_the_draft_kv(
     plain_url, adaptive_url, tmp_path_factory
 ):
     # The adaptive server runs a plain step in every 64 speculative ones (it measures the
-    # plain rate; after 4, while no similar batch size has one), so 320 tokens at about 4 a
-    # step hold one. Plain steps hold their draft-KV writes and make them before the next
-    # draft pass. A write lost or misplaced would change the drafts that follow it.
-    params = {"max_new_tokens": 320, "temperature": 0, "ignore_eos": True}
+    # plain rate; after 4, while no similar batch size has one), so 600 tokens, at most 8 a
+    # step, hold one and drafted steps after it. Plain steps hold their draft-KV writes and
+    # make them before the next draft pass. A write lost or misplaced would change the
+    # drafts that follow it.
+    params = {"max_new_tokens": 600, "temperature": 0, "ignore_eos": True}
     reply = requests.post(
         f"{adaptive_url}/generate",
         json={"text": PROMPTS[1], "sampling_params": params},
