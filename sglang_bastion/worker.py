@@ -529,19 +529,16 @@ class BastionWorker(DFlashWorkerV2):
         ``sample``: only these requests draft (a sampled probe); the others' marginals are
         zeros and their trees their roots alone.
         """
-        pool = batch.req_pool_indices
-        if sample is None:
-            top_q, top_ids = self._draft_marginals(pool, roots, step)
-            trees = build_trees_from_top_k(
-                top_q, top_ids, roots, max_nodes=self.max_nodes, kernels=self.options.kernels
-            )
-            return top_q, top_ids, trees
-        part = DecodeStep(step.window[sample], step.prefix[sample], step.prefix_cpu[sample])
-        q, ids = self._draft_marginals(pool[sample], roots[sample], part)  # [P, D, K]
+        rows = slice(None) if sample is None else sample
+        part = step if sample is None else DecodeStep(step.window[sample], step.prefix[sample],
+                                                      step.prefix_cpu[sample])  # fmt: skip
+        q, ids = self._draft_marginals(batch.req_pool_indices[rows], roots[rows], part)
         drafted = build_trees_from_top_k(
-            q, ids, roots[sample], max_nodes=self.max_nodes, kernels=self.options.kernels
+            q, ids, roots[rows], max_nodes=self.max_nodes, kernels=self.options.kernels
         )
-        top_q = q.new_zeros(len(roots), *q.shape[1:])  # [bs, D, K]
+        if sample is None:
+            return q, ids, drafted
+        top_q = q.new_zeros(len(roots), *q.shape[1:])  # [bs, D, K]: the others' are zeros
         top_ids = ids.new_zeros(len(roots), *ids.shape[1:])
         top_q[sample], top_ids[sample] = q, ids
         return top_q, top_ids, TreeBatch.roots(roots).with_rows(sample.start, drafted)
