@@ -232,6 +232,10 @@ class Controller:
     # A probe at a larger batch first drafts this many of its requests (a sampled probe); what
     # they accept decides whether the whole batch's draft pass, the full probe, is worth it.
     probe_rows: int = 4
+    # From this plain wait on (after three plain judgements in a row), the drafter's context
+    # writes of a plain step are kept only for the requests the next sample may draft
+    # (`dormant`): the others' draft KV falls behind and they decode plainly until they end.
+    dormant_backoff: int = 8
     spec_period: dict[int, float] = field(default_factory=dict)  # batch size -> speculative ms
     _sample_passed: bool = field(default=False, repr=False)  # the next probe drafts everyone
     _probed: bool = field(default=False, repr=False)  # the last probe speculated: judge it next
@@ -342,6 +346,16 @@ class Controller:
             return batch if self._sample_passed else self.probe_rows
         return batch
 
+    def dormant(self, batch: int) -> bool:
+        """Whether this plain step of ``batch`` requests may skip the drafter's context writes
+        of all but a sample's worth of its requests: speculation has been judged not to pay
+        at least three times in a row, probes here draft samples, and no sample has passed."""
+        sampling = self.learns_acceptance and self.measure_overhead and self.probe_rows > 0
+        return (
+            sampling and batch > self.probe_rows and self.backoff >= self.dormant_backoff
+            and not self._sample_passed
+        )  # fmt: skip
+
     def requests_joined(self, kinds: frozenset[int] | None = None) -> None:
         """New requests of ``kinds`` (GREEDY, SAMPLED; None: unknown) are in the batch: the
         next decode step drafts and decides afresh, unless plain steps run and every joined
@@ -352,7 +366,7 @@ class Controller:
 
     def decide(
         self, trees: TreeBatch, context_lens: torch.Tensor, scale: torch.Tensor | None = None,
-        sample: slice | None = None,
+        sample: slice | torch.Tensor | None = None,
     ) -> Decision:  # fmt: skip
         """Sizes and width for this step's trees at the batch's size and contexts.
 
@@ -360,7 +374,8 @@ class Controller:
         trees are priced by A_cal instead of A_hat, and when no width beats a plain step the
         decision is plain and the next drafted probe waits (1, 2, 4, up to ``max_backoff``
         plain steps while probes keep choosing plain; requests of a kind not in the batch
-        then end the wait). ``sample``: the rows that drafted (a sampled probe; the others'
+        then end the wait). ``sample``: the rows that drafted (a slice or [R] row indices: a
+        sampled probe; the others'
         trees are their roots). Sizes are then priced as if every request had drafted as the
         sample did on average, and the step speculates on the sample, to measure it.
         """

@@ -26,6 +26,7 @@ class BastionStats:
     graph_verifies: int = 0  # decode steps whose tree verify replayed a captured graph
     ragged_verifies: int = 0  # decode steps whose verify packed each tree unpadded
     sampled_probes: int = 0  # decode steps where only a sample of the requests drafted
+    dormant_request_steps: int = 0  # plain request-steps whose drafter context was not written
     steps_by_width: dict[int, int] = field(default_factory=dict)  # decode steps per verify width
     request_steps: int = 0  # sum over steps of requests in the batch
     verify_tokens: int = 0  # sum over steps of the tokens verified (padded: batch x width)
@@ -129,6 +130,7 @@ class BastionStats:
             "graph_verifies": self.graph_verifies,
             "ragged_verifies": self.ragged_verifies,
             "sampled_probes": self.sampled_probes,
+            "dormant_request_steps": self.dormant_request_steps,
             "steps_by_width": {str(w): n for w, n in sorted(self.steps_by_width.items())},
             "root_only_request_steps": root_only,
             "request_steps": self.request_steps,

@@ -76,6 +76,7 @@ from sglang_bastion.acceptance_scale import (
     step_evidence,
 )
 from sglang_bastion.controller import Controller, Decision, verifies_ragged
+from sglang_bastion.draft_context import DraftContext, drafting_rows, kept_rows
 from sglang_bastion.held_draft_kv import HeldDraftKv, holding_allowed
 from sglang_bastion.kernels import draft_head_topk, merge_shard_top_k, shard_top_k
 from sglang_bastion.late_read import LateRead, SpanTimer
@@ -180,7 +181,9 @@ class BastionWorker(DFlashWorkerV2):
         # that step's mean tokens per request (a plain step's is 1.0, known on the host)
         self._emitted: LateRead | float | None = None
         self._sampled: LateRead | None = None  # a sampled probe's mean over its drafting rows
-        self._sample_at = 0  # where the next sampled probe's run of requests starts
+        # whose drafter context dormant plain steps let fall behind; who drafts in a probe
+        self.draft_context = DraftContext()
+        self._kept_rows: tuple[tuple[int, ...], torch.Tensor] | None = None  # and on the device
         # Verify spans still timing on the device (EMA modes on a GPU); the oldest is dropped
         # past 8, as a stalled device would otherwise grow the queue.
         self._late_timings: deque[tuple[Decision, SpanTimer]] = deque(maxlen=8)
@@ -359,14 +362,13 @@ class BastionWorker(DFlashWorkerV2):
         # The draft pass reads the contexts' draft KV; a changed batch may hand its slots on.
         self._make_held_draft_kv(None if drafts else requests)
         roots = draft_input.bonus_tokens.to(torch.long)  # [bs]
-        sample = None  # a sampled probe's drafting rows
+        sample = sample_cpu = None  # a sampled probe's drafting rows: [R] on each side
         if drafts:
             rows = self.controller.draft_rows(bs)
-            if rows < bs:  # a different run of requests each time
-                start = self._sample_at = self._sample_at % (bs - rows + 1)
-                self._sample_at += rows
-                sample = slice(start, start + rows)
-            top_q, top_ids, whole = self._draft_trees(batch, step, roots, sample)
+            if (chosen := drafting_rows(self.draft_context, requests, rows)) is not None:
+                sample_cpu = torch.tensor(chosen)
+                sample = rows_on(sample_cpu, roots.device)
+            top_q, top_ids, whole = self._draft_trees(batch, step, roots, sample, sample_cpu)
         else:  # a plain step: the root alone, no draft pass
             top_q = top_ids = torch.empty(bs, 0, self.top_k, device=roots.device)
             whole = TreeBatch.roots(roots)
@@ -407,7 +409,14 @@ class BastionWorker(DFlashWorkerV2):
         # A tree of width W emits at most W tokens: only those path columns need features.
         emitted_cols = path[:, : min(width, path.shape[1])]  # [bs, min(W, D+1)]
         hold = requests if width == 1 else None
-        self._write_draft_features(batch, verified.hidden, step, emitted_cols, accept_lens, hold)
+        keep = None  # [R]: a dormant plain step writes these rows' drafter context alone
+        if width == 1 and self.controller.dormant(bs):
+            kept = kept_rows(self.draft_context, requests, self.controller.probe_rows)
+            keep = self._kept_index(kept, roots.device)
+            self.stats.dormant_request_steps += bs - len(kept)
+        self._write_draft_features(
+            batch, verified.hidden, step, emitted_cols, accept_lens, hold, keep
+        )  # fmt: skip
         if self.controller.learns_acceptance:  # tokens per request, read next step or later
             self._emitted = 1.0 if decision.plain else LateRead(accept_lens.float().mean())
             self._sampled = None if sample is None else LateRead(accept_lens[sample].float().mean())
@@ -427,7 +436,7 @@ class BastionWorker(DFlashWorkerV2):
             cycle_ms = (self._now(True) - started) * 1e3
             draft = (top_q, top_ids, roots, prefix_cpu)
             timing = {"started_s": started, "verify_ms": verify_ms, "cycle_ms": cycle_ms}
-            self._record(batch, draft, decision, out_tokens, accept_lens, timing)
+            self._record(batch, draft, decision, out_tokens, accept_lens, timing, keep is not None)
         logits_output.hidden_states = None
         return GenerationBatchResult(
             logits_output=logits_output,
@@ -482,10 +491,11 @@ class BastionWorker(DFlashWorkerV2):
     def _record(
         self, batch: Any, draft: tuple[torch.Tensor, ...], decision: Decision,
         out_tokens: torch.Tensor, accept_lens: torch.Tensor, timing: dict[str, float | None],
+        dormant: bool = False,
     ) -> None:  # fmt: skip
         """Append this step to the trace (see trace.py); a failure stops tracing, not serving."""
         try:
-            self._write_trace(batch, draft, decision, out_tokens, accept_lens, timing)
+            self._write_trace(batch, draft, decision, out_tokens, accept_lens, timing, dormant)
         except Exception:
             logger.exception("BASTION: tracing failed; serving goes on without a trace")
             self.trace = None
@@ -493,11 +503,13 @@ class BastionWorker(DFlashWorkerV2):
     def _write_trace(
         self, batch: Any, draft: tuple[torch.Tensor, ...], decision: Decision,
         out_tokens: torch.Tensor, accept_lens: torch.Tensor, timing: dict[str, float | None],
+        dormant: bool = False,
     ) -> None:  # fmt: skip
         """One trace record: draft = (top-K q [bs, D, K], their ids, roots [bs], contexts [bs]).
 
         ``timing``: the step's start (``time.perf_counter`` seconds, for the gaps between
-        steps), the verify span's and the whole cycle's milliseconds.
+        steps), the verify span's and the whole cycle's milliseconds; ``dormant``: a plain step
+        that wrote a sample's drafter context alone.
         """
         values, ids, roots, contexts = draft
         lens = accept_lens.tolist()
@@ -514,6 +526,7 @@ class BastionWorker(DFlashWorkerV2):
             "plain": decision.plain,  # every request verified its root alone
             "drafted": decision.drafted,  # False: a plain step, topk_* are empty
             "sampled": decision.sampled,  # a sampled probe: the others' topk_* are zeros
+            "dormant": dormant,  # a plain step that kept a sample's drafter context alone
             "emitted": [row[:n] for row, n in zip(out_tokens.tolist(), lens, strict=True)],
             "budgets": [_token_budget(req) for req in batch.reqs],
             "predicted_verify_ms": decision.predicted_verify_ms,
@@ -522,16 +535,17 @@ class BastionWorker(DFlashWorkerV2):
         })  # fmt: skip
 
     def _draft_trees(
-        self, batch: Any, step: DecodeStep, roots: torch.Tensor, sample: slice | None
-    ) -> tuple[torch.Tensor, torch.Tensor, TreeBatch]:
+        self, batch: Any, step: DecodeStep, roots: torch.Tensor,
+        sample: torch.Tensor | None = None, sample_cpu: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, TreeBatch]:  # fmt: skip
         """[bs, D, K] top-K marginals, their tokens and every request's best-first tree.
 
-        ``sample``: only these requests draft (a sampled probe); the others' marginals are
-        zeros and their trees their roots alone.
+        ``sample`` [R] (``sample_cpu``, its host copy): only these rows draft (a sampled
+        probe); the others' marginals are zeros and their trees their roots alone.
         """
         rows = slice(None) if sample is None else sample
         part = step if sample is None else DecodeStep(step.window[sample], step.prefix[sample],
-                                                      step.prefix_cpu[sample])  # fmt: skip
+                                                      step.prefix_cpu[sample_cpu])  # fmt: skip
         q, ids = self._draft_marginals(batch.req_pool_indices[rows], roots[rows], part)
         drafted = build_trees_from_top_k(
             q, ids, roots[rows], max_nodes=self.max_nodes, kernels=self.options.kernels
@@ -541,7 +555,14 @@ class BastionWorker(DFlashWorkerV2):
         top_q = q.new_zeros(len(roots), *q.shape[1:])  # [bs, D, K]: the others' are zeros
         top_ids = ids.new_zeros(len(roots), *ids.shape[1:])
         top_q[sample], top_ids[sample] = q, ids
-        return top_q, top_ids, TreeBatch.roots(roots).with_rows(sample.start, drafted)
+        return top_q, top_ids, TreeBatch.roots(roots).with_rows(sample, drafted)
+
+    def _kept_index(self, kept: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """[R] the kept rows on the device, made once per batch of requests."""
+        cached = self._kept_rows
+        if cached is None or cached[0] is not kept:
+            cached = self._kept_rows = (kept, rows_on(torch.tensor(kept, dtype=torch.long), device))
+        return cached[1]
 
     def _draft_marginals(
         self, pool: torch.Tensor, roots: torch.Tensor, step: DecodeStep
@@ -816,30 +837,36 @@ class BastionWorker(DFlashWorkerV2):
     def _write_draft_features(
         self, batch: Any, hidden: torch.Tensor, step: DecodeStep, path: torch.Tensor,
         accept_lens: torch.Tensor, hold: tuple[str, ...] | None = None,
+        keep: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
         """Project the accepted path's target features into the draft KV at their slots.
 
         ``hold``: a plain step's batch (its request ids); its one token per request is held
         with the batch's earlier plain steps' and written with them (`HeldDraftKv`).
+        ``keep`` [R]: a dormant plain step's rows whose context is written (`draft_context`).
         """
         prefix = step.prefix
         bs, depth = path.shape  # depth: path columns, at most D + 1
         features = hidden.gather(1, path.clamp(min=0).unsqueeze(2).expand(-1, -1, hidden.shape[2]))
         rows = step.window[:, :depth]  # [bs, D+1]: where the accepted path now lives
         plan = self._plan(batch.req_pool_indices, prefix, step.prefix_cpu, rows.reshape(-1), depth)
-        cache_loc = self._draft_write_ids(plan)
-        positions = (prefix.unsqueeze(1) + torch.arange(depth, device=prefix.device)).reshape(-1)
+        cache_loc = self._draft_write_ids(plan).view(bs, depth)
+        positions = prefix.unsqueeze(1) + torch.arange(depth, device=prefix.device)  # [bs, D+1]
+        if keep is not None:
+            features, cache_loc, positions = features[keep], cache_loc[keep], positions[keep]
+            accept_lens = accept_lens[keep]
+        flat = features.reshape(features.shape[0] * depth, features.shape[-1])  # keep: maybe none
         held = self.held_draft_kv
         if hold is not None and held is not None:  # a fresh gather: graph buffers are not held
-            if held.hold(hold, features.reshape(bs * depth, -1), cache_loc, positions):
+            if held.hold(hold, flat, cache_loc.reshape(-1), positions.reshape(-1)):
                 self._make_held_draft_kv()
             return
         self._make_held_draft_kv()  # earlier writes first, in order
         self._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=features.reshape(bs * depth, -1),
-            cache_loc=cache_loc,
-            cache_loc_2d=cache_loc.view(bs, depth),
-            positions=positions,
+            target_hidden=flat,
+            cache_loc=cache_loc.reshape(-1),
+            cache_loc_2d=cache_loc,
+            positions=positions.reshape(-1),
             commit_lens=accept_lens,
         )
 
@@ -875,6 +902,13 @@ def host_top_k_bounds(draft: Any) -> tuple[int | None, int | None]:
     if largest is None or (largest == 1 and shared is None):
         return None, None
     return int(largest), shared
+
+
+def rows_on(rows: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """[R] host row indices on ``device``, copied without a host sync."""
+    if torch.device(device).type == "cuda":
+        rows = rows.pin_memory()
+    return rows.to(device, non_blocking=True)
 
 
 def sample_rows(probs: torch.Tensor) -> torch.Tensor:

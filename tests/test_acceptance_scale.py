@@ -380,6 +380,26 @@ def test_a_sample_that_accepts_enough_lets_the_full_probe_resume_speculation():
     assert kinds[-30:].count("full") >= 29, kinds
 
 
+def test_plain_steps_go_dormant_only_after_three_plain_judgements_in_a_row():
+    controller = sampling_controller()
+    waits = []
+    for _ in range(200):
+        serve_sampled(controller, 1, accept=1.5)
+        waits.append((controller.backoff, controller.dormant(16)))
+    assert all(dormant == (backoff >= 8) for backoff, dormant in waits), waits
+    assert waits[-1] == (8, True)
+    assert not controller.dormant(controller.probe_rows)  # its probes draft every request
+
+
+def test_a_sample_that_accepts_enough_ends_dormancy():
+    controller = sampling_controller()
+    serve_sampled(controller, 200, accept=1.5)
+    kinds = []
+    while "sampled" not in kinds:
+        kinds += serve_sampled(controller, 1, accept=5.0)[0]
+    assert not controller.dormant(16)
+
+
 def test_probes_at_a_batch_no_larger_than_the_sample_draft_every_request():
     controller = sampling_controller()
     kinds, _, _ = serve_sampled(controller, 200, accept=1.5, batch=controller.probe_rows)
@@ -395,13 +415,18 @@ def alike_trees(batch: int) -> TreeBatch:
 
 
 @pytest.mark.parametrize("layout", ["uniform", "ragged", "global"])
-def test_a_sampled_probe_sizes_its_sample_as_the_full_step_would_and_the_rest_as_roots(layout):
+@pytest.mark.parametrize("rows", [slice(4, 8), torch.tensor([1, 6, 7, 12])])
+def test_a_sampled_probe_sizes_its_sample_as_the_full_step_would_and_the_rest_as_roots(
+    layout, rows
+):
     controller = Controller("static", 64, layout, model(), packs_ragged=True)
     contexts = torch.full((16,), 256)
     full = controller.decide(alike_trees(16), contexts)
-    merged = TreeBatch.roots(torch.zeros(16, dtype=torch.long)).with_rows(4, alike_trees(4))
-    sampled = controller.decide(merged, contexts, sample=slice(4, 8))
+    merged = TreeBatch.roots(torch.zeros(16, dtype=torch.long)).with_rows(rows, alike_trees(4))
+    sampled = controller.decide(merged, contexts, sample=rows)
     assert sampled.sampled and not full.sampled
     assert sampled.width == full.width > 1
-    assert sampled.sizes[4:8].tolist() == full.sizes[4:8].tolist()
-    assert sampled.sizes[:4].tolist() + sampled.sizes[8:].tolist() == [1] * 12
+    assert sampled.sizes[rows].tolist() == full.sizes[rows].tolist()
+    others = torch.ones(16, dtype=torch.bool)
+    others[rows] = False
+    assert sampled.sizes[others].tolist() == [1] * 12

@@ -110,7 +110,8 @@ def drafted_marginals(
     # Under overlap scheduling a request can take one step past its end before the scheduler
     # processes the step that ended it; that step's tokens are discarded, so it is left out.
     mine = [(s, r) for s, r in mine if s["context_lens"][r] < seq.shape[1]]
-    drafted = [(s, r) for s, r in mine if s.get("drafted", True)]
+    # a sampled probe's other rows drafted nothing (their top-K probabilities are zeros)
+    drafted = [(s, r) for s, r in mine if s.get("drafted", True) and any(s["topk_probs"][r][0])]
 
     def column(key: str) -> torch.Tensor:
         return torch.tensor([s[key][r] for s, r in drafted])
@@ -258,6 +259,38 @@ def test_drafts_after_plain_steps_see_the_plain_steps_tokens_in_the_draft_kv(
     assert "pd" in kinds, kinds  # a drafted step after a plain one
     assert (probs.argmax(-1) == served_ids[..., 0]).float().mean() > 0.9
     assert (probs.gather(-1, served_ids) - served_q).abs().max() < 0.1
+
+
+def test_a_dormant_batch_drafts_only_from_the_contexts_it_kept_whole(
+    plain_url, adaptive_url, tmp_path_factory
+):
+    # Nine sampled requests, which accept little: the batch decodes plainly, and once three
+    # judgements in a row said so its plain steps go dormant, writing the drafter context of
+    # four requests alone. Its probes then draft those alone. A kept write lost or put in
+    # another request's slots, or a probe drafting a request whose context fell behind,
+    # would change the drafts that read those slots.
+    texts = [*PROMPTS, *PROMPTS, PROMPTS[0]]
+    params = {"max_new_tokens": 200, "temperature": 1.0, "ignore_eos": True}
+    before = bastion_counters(adaptive_url)
+    replies = requests.post(
+        f"{adaptive_url}/generate", json={"text": texts, "sampling_params": params}, timeout=600
+    ).json()
+    after = bastion_counters(adaptive_url)
+    assert after["dormant_request_steps"] > before["dormant_request_steps"], (before, after)
+    trace = next(tmp_path_factory.getbasetemp().glob("adaptive*/trace.jsonl"))
+    after_dormancy = 0
+    for text, reply in zip(texts, replies, strict=True):
+        steps, probs, served_ids, served_q = drafted_marginals(plain_url, trace, text, reply)
+        if not len(served_ids):
+            continue
+        assert (probs.argmax(-1) == served_ids[..., 0]).float().mean() > 0.9
+        assert (probs.gather(-1, served_ids) - served_q).abs().max() < 0.1
+        rid = reply["meta_info"]["id"]
+        first = next((i for i, s in enumerate(steps) if s.get("dormant")), len(steps))
+        after_dormancy += sum(
+            s["sampled"] and any(s["topk_probs"][s["rids"].index(rid)][0]) for s in steps[first:]
+        )  # fmt: skip
+    assert after_dormancy > 0  # sampled probes drafted kept requests after dormant steps
 
 
 def test_the_profiles_controller_verifies_smaller_trees_for_bigger_batches(profile, request):

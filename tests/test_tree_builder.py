@@ -273,12 +273,13 @@ def test_a_sampled_probes_trees_are_its_samples_trees_and_the_others_roots():
     probs = random_marginals(3, 4, 32, "smooth", generator)  # [P, D, V]: the sample's drafts
     roots = torch.arange(100, 106)  # [B]
     q, ids = top_k_of(probs, 4)
-    drafted = build_trees_from_top_k(q, ids, roots[2:5], max_nodes=8)
-    merged = TreeBatch.roots(roots).with_rows(2, drafted)
+    sample = torch.tensor([1, 3, 4])  # rows that need not be adjacent
+    drafted = build_trees_from_top_k(q, ids, roots[sample], max_nodes=8)
+    merged = TreeBatch.roots(roots).with_rows(sample, drafted)
     merged.check()
     for name in FIELDS:
-        assert torch.equal(getattr(merged, name)[2:5], getattr(drafted, name)), name
-    others = [0, 1, 5]
+        assert torch.equal(getattr(merged, name)[sample], getattr(drafted, name)), name
+    others = [0, 2, 5]
     assert merged.num_nodes[others].tolist() == [1, 1, 1]
-    assert merged.token_ids[others, 0].tolist() == [100, 101, 105]
+    assert merged.token_ids[others, 0].tolist() == [100, 102, 105]
     assert merged.surrogate()[others].tolist() == [[1.0] * 8] * 3  # nothing to accept

@@ -43,10 +43,10 @@ class TreeBatch:
             num_nodes=torch.ones(tokens.shape[0], dtype=torch.long, device=tokens.device),
         )  # fmt: skip
 
-    def with_rows(self, start: int, part: TreeBatch) -> TreeBatch:
-        """These trees with rows ``start``.. replaced by ``part``'s, all padded to the wider N."""
+    def with_rows(self, rows: slice | torch.Tensor, part: TreeBatch) -> TreeBatch:
+        """These trees with ``rows`` (a slice or [R] row indices) replaced by ``part``'s, all
+        padded to the wider N."""
         n = max(self.max_nodes, part.max_nodes)
-        rows = slice(start, start + part.batch_size)
 
         def merged(mine: torch.Tensor, theirs: torch.Tensor, fill: float) -> torch.Tensor:
             out = torch.nn.functional.pad(mine, (0, n - mine.shape[1]), value=fill)  # [B, N]

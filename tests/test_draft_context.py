@@ -1,0 +1,61 @@
+"""Which requests' drafter context dormant plain steps keep whole, and who drafts after."""
+
+from sglang_bastion.draft_context import DraftContext, drafting_rows, kept_rows
+
+
+def batch(*ids: int) -> tuple[str, ...]:
+    """Request ids r<i> in batch order."""
+    return tuple(f"r{i}" for i in ids)
+
+
+def test_a_dormant_step_keeps_a_samples_worth_of_requests_and_the_others_fall_behind():
+    state = DraftContext()
+    assert kept_rows(state, batch(*range(8)), 3) == (0, 1, 2)
+    assert state.behind == set(batch(3, 4, 5, 6, 7))
+
+
+def test_kept_requests_stay_kept_while_the_rows_around_them_change():
+    state = DraftContext()
+    kept_rows(state, batch(*range(8)), 3)
+    # r0 left; r1 and r2 moved up a row; r8 joined (whole: its prefill wrote its context)
+    assert kept_rows(state, batch(1, 2, 3, 4, 5, 6, 7, 8), 3) == (0, 1, 7)
+    assert state.kept == frozenset(batch(1, 2, 8))
+
+
+def test_a_request_that_fell_behind_is_never_kept_again():
+    state = DraftContext()
+    kept_rows(state, batch(*range(6)), 2)
+    assert kept_rows(state, batch(2, 3, 4, 5), 2) == ()  # r0 and r1 left; the rest are behind
+    assert state.kept == frozenset()
+
+
+def test_requests_that_left_are_forgotten():
+    state = DraftContext()
+    kept_rows(state, batch(*range(6)), 2)
+    kept_rows(state, batch(0, 1, 5, 9), 2)
+    assert state.behind == set(batch(5, 9))
+
+
+def test_with_nobody_behind_a_full_step_drafts_everyone_and_samples_take_turns():
+    state = DraftContext()
+    requests = batch(*range(10))
+    assert drafting_rows(state, requests, 10) is None
+    assert drafting_rows(state, requests, 4) == [0, 1, 2, 3]
+    assert drafting_rows(state, requests, 4) == [4, 5, 6, 7]
+    assert drafting_rows(state, requests, 4) == [1, 2, 3, 4]  # 8 would run past the batch
+
+
+def test_requests_behind_never_draft_while_whole_ones_can():
+    state = DraftContext()
+    kept_rows(state, batch(*range(8)), 2)  # r2..r7 fell behind
+    requests = batch(*range(10))  # r8 and r9 joined
+    assert drafting_rows(state, requests, 10) == [0, 1, 8, 9]  # the full probe: the whole ones
+    assert drafting_rows(state, requests, 3) == [0, 1, 8]
+    assert drafting_rows(state, requests, 3) == [1, 8, 9]
+
+
+def test_with_every_request_behind_a_sample_is_drawn_from_them_all():
+    state = DraftContext()
+    kept_rows(state, batch(*range(4)), 1)
+    assert drafting_rows(state, batch(1, 2, 3), 2) == [0, 1]
+    assert drafting_rows(state, batch(1, 2, 3), 3) is None
