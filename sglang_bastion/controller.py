@@ -232,7 +232,7 @@ class Controller:
     # A probe at a larger batch first drafts this many of its requests (a sampled probe); what
     # they accept decides whether the whole batch's draft pass, the full probe, is worth it.
     probe_rows: int = 4
-    # From this plain wait on (after three plain judgements in a row), the drafter's context
+    # From this plain wait on (after four plain judgements in a row), the drafter's context
     # writes of a plain step are kept only for the requests the next sample may draft
     # (`dormant`): the others' draft KV falls behind and they decode plainly until they end.
     dormant_backoff: int = 8
@@ -349,7 +349,7 @@ class Controller:
     def dormant(self, batch: int) -> bool:
         """Whether this plain step of ``batch`` requests may skip the drafter's context writes
         of all but a sample's worth of its requests: speculation has been judged not to pay
-        at least three times in a row, probes here draft samples, and no sample has passed."""
+        at least four times in a row, probes here draft samples, and no sample has passed."""
         sampling = self.learns_acceptance and self.measure_overhead and self.probe_rows > 0
         return (
             sampling and batch > self.probe_rows and self.backoff >= self.dormant_backoff

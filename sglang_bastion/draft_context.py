@@ -3,7 +3,7 @@
 A plain step must still write its tokens' target features into the draft KV, or the drafter
 later reads a context with holes. That write is a drafter pass over the batch's new tokens,
 a few percent of a plain step where the batch decodes plainly for long. A dormant plain step
-(`Controller.dormant`: speculation judged not to pay three times in a row at a batch above
+(`Controller.dormant`: speculation judged not to pay four times in a row at a batch above
 the probe sample) keeps that write only for a sample's worth of requests, the ones the next
 sampled probe drafts; every other request of the batch falls behind for good.
 

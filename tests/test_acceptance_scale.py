@@ -380,7 +380,7 @@ def test_a_sample_that_accepts_enough_lets_the_full_probe_resume_speculation():
     assert kinds[-30:].count("full") >= 29, kinds
 
 
-def test_plain_steps_go_dormant_only_after_three_plain_judgements_in_a_row():
+def test_plain_steps_go_dormant_only_after_four_plain_judgements_in_a_row():
     controller = sampling_controller()
     waits = []
     for _ in range(200):

@@ -264,7 +264,7 @@ def test_drafts_after_plain_steps_see_the_plain_steps_tokens_in_the_draft_kv(
 def test_a_dormant_batch_drafts_only_from_the_contexts_it_kept_whole(
     plain_url, adaptive_url, tmp_path_factory
 ):
-    # Nine sampled requests, which accept little: the batch decodes plainly, and once three
+    # Nine sampled requests, which accept little: the batch decodes plainly, and once four
     # judgements in a row said so its plain steps go dormant, writing the drafter context of
     # four requests alone. Its probes then draft those alone. A kept write lost or put in
     # another request's slots, or a probe drafting a request whose context fell behind,
