@@ -60,6 +60,8 @@ def drafting_rows(state: DraftContext, requests: tuple[str, ...], rows: int) -> 
     With no whole request left, the sample is taken from all of them.
     """
     batch = len(requests)
+    if rows >= batch and not state.behind:
+        return None
     whole = (
         list(range(batch)) if not state.behind
         else [i for i, rid in enumerate(requests) if rid not in state.behind]

@@ -68,3 +68,10 @@ class SpanTimer:
         if self._cuda:
             return float(self._start.elapsed_time(self._end)) if self._end.query() else None
         return None if self._t1 is None else (self._t1 - self._t0) * 1e3
+
+
+def to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor on ``device``, copied without a host sync (pinned first on CUDA)."""
+    if torch.device(device).type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from sglang_bastion.late_read import to_device
 from sglang_bastion.tree.batch import TreeBatch
 
 
@@ -260,9 +261,7 @@ def _padded(sets: list[set[int]], device: torch.device) -> torch.Tensor:
     rows = [sorted(s) or [0] for s in sets]
     width = max(len(r) for r in rows)
     padded = torch.tensor([r + [r[0]] * (width - len(r)) for r in rows], dtype=torch.long)
-    if torch.device(device).type == "cuda":
-        padded = padded.pin_memory()  # an asynchronous copy: no host sync
-    return padded.to(device, non_blocking=True)
+    return to_device(padded, device)
 
 
 # SGLang hands the worker ``SamplingBatchInfo.copy_for_forward()``: the copy drops the

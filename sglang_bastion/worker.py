@@ -79,7 +79,7 @@ from sglang_bastion.controller import Controller, Decision, verifies_ragged
 from sglang_bastion.draft_context import DraftContext, drafting_rows, kept_rows
 from sglang_bastion.held_draft_kv import HeldDraftKv, holding_allowed
 from sglang_bastion.kernels import draft_head_topk, merge_shard_top_k, shard_top_k
-from sglang_bastion.late_read import LateRead, SpanTimer
+from sglang_bastion.late_read import LateRead, SpanTimer, to_device
 from sglang_bastion.memory import graph_widths_that_fit
 from sglang_bastion.metrics import after_step, create_metrics
 from sglang_bastion.node_sampling import (
@@ -367,7 +367,7 @@ class BastionWorker(DFlashWorkerV2):
             rows = self.controller.draft_rows(bs)
             if (chosen := drafting_rows(self.draft_context, requests, rows)) is not None:
                 sample_cpu = torch.tensor(chosen)
-                sample = rows_on(sample_cpu, roots.device)
+                sample = to_device(sample_cpu, roots.device)
             top_q, top_ids, whole = self._draft_trees(batch, step, roots, sample, sample_cpu)
         else:  # a plain step: the root alone, no draft pass
             top_q = top_ids = torch.empty(bs, 0, self.top_k, device=roots.device)
@@ -561,7 +561,10 @@ class BastionWorker(DFlashWorkerV2):
         """[R] the kept rows on the device, made once per batch of requests."""
         cached = self._kept_rows
         if cached is None or cached[0] is not kept:
-            cached = self._kept_rows = (kept, rows_on(torch.tensor(kept, dtype=torch.long), device))
+            cached = self._kept_rows = (
+                kept,
+                to_device(torch.tensor(kept, dtype=torch.long), device),
+            )
         return cached[1]
 
     def _draft_marginals(
@@ -902,13 +905,6 @@ def host_top_k_bounds(draft: Any) -> tuple[int | None, int | None]:
     if largest is None or (largest == 1 and shared is None):
         return None, None
     return int(largest), shared
-
-
-def rows_on(rows: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """[R] host row indices on ``device``, copied without a host sync."""
-    if torch.device(device).type == "cuda":
-        rows = rows.pin_memory()
-    return rows.to(device, non_blocking=True)
 
 
 def sample_rows(probs: torch.Tensor) -> torch.Tensor:
