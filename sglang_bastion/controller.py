@@ -40,7 +40,13 @@ the profile cannot see: acceptance, KV moves, the scheduler and output processin
 steps. With ``measure_overhead`` (the server's default) every adaptive mode adds that time as
 measured: the period from one decode step's start to the next (when no prefill ran between
 them) minus the model's cycle for the step, an EMA per batch size. Leaving it out prices a
-larger tree as a larger share of the step than it is, and the controller undershoots.
+larger tree as a larger share of the step than it is, and the controller undershoots. The
+server also keeps that overhead per verify width (``width_overheads``): a profile can misprice
+how the cycle grows with the width (on a CPU host it priced a 16-node step of the block-16
+pair 13 ms above an 8-node one, and the two cost the same), and each width's measured
+overhead corrects its price. At a batch of at most ``probe_rows`` requests, every
+``explore_every``-th speculative step verifies one ladder width wider than chosen, so a width
+the profile overprices is measured and then taken.
 
 With ``learn_acceptance`` (the server's default in the adaptive modes) the worker hands each
 step its requests' acceptance calibration (``acceptance_scale``): trees are priced by A_cal,
@@ -67,6 +73,7 @@ from sglang_bastion.acceptance_scale import calibrated_surrogate
 from sglang_bastion.budget import LatencyModel, ModelShape, ema_update, load_profile
 from sglang_bastion.budget.global_budget import global_sizes, total_tokens
 from sglang_bastion.budget.identity import device_name, worker_identity
+from sglang_bastion.late_read import to_device
 from sglang_bastion.options import BastionOptions
 from sglang_bastion.tree.batch import TreeBatch
 
@@ -186,7 +193,8 @@ class Decision:
     expected: torch.Tensor | None = None  # [B] tokens priced per request (None: plain step)
     ragged: tuple[int, ...] | None = None  # host sizes when the verify packs them unpadded
     probe: bool = False  # drafted while speculation was judged not to pay (a probe, its judge)
-    sampled: bool = False  # a sampled probe: only `Controller.draft_rows` requests drafted
+    sampled: bool = False  # a sampled probe: `Controller.draft_rows` drafted; roots emitted
+    overhead_width: int = 0  # the ladder width whose measured overhead priced it (0: none)
 
 
 @dataclass
@@ -206,6 +214,16 @@ class Controller:
     measure_overhead: bool = False  # add the measured per-step time the model leaves out
     overhead_ms: dict[int, float] = field(default_factory=dict)  # batch size -> EMA, ms
     plain_overhead_ms: dict[int, float] = field(default_factory=dict)  # the same, plain steps
+    # With ``width_overheads``, a speculative step's overhead is also kept per verify width
+    # (batch size -> ladder width -> EMA, ms): the profile may misprice how the cycle grows
+    # with the width, and the overhead measured at each width corrects it there. Every
+    # ``explore_every`` speculative steps at a batch of at most ``probe_rows`` verifies the
+    # next wider ladder width, so that widths the profile overprices get measured too.
+    width_overheads: bool = False
+    width_overhead_ms: dict[int, dict[int, float]] = field(default_factory=dict)
+    explore_every: int = 16
+    _since_explore: int = field(default=0, repr=False)
+    _ladder: list[int] = field(default_factory=list, repr=False)  # [N] ladder width holding n
     _verify_cache: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)
     _seen_shapes: set[tuple[int, int]] = field(default_factory=set, repr=False)  # (B, W) timed
     _device_cache: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
@@ -258,6 +276,8 @@ class Controller:
             raise ValueError(f"widths must lie in [1, {self.max_nodes}], got {widths}")
         self.widths = chosen
         self._device_widths.clear()
+        self._ladder = [next(w for w in chosen if w >= n) if n <= chosen[-1] else chosen[-1]
+                        for n in range(1, self.max_nodes + 1)]  # fmt: skip
 
     @classmethod
     def for_worker(cls, worker: Any, options: BastionOptions, max_nodes: int) -> Controller:
@@ -277,7 +297,7 @@ class Controller:
         budget = cls(
             mode=mode, max_nodes=max_nodes, layout=options.layout, model=model,
             ema_alpha=options.ema_alpha, measure_overhead=measure, widths=options.widths,
-            learn_acceptance=options.learn_acceptance,
+            learn_acceptance=options.learn_acceptance, width_overheads=measure,
         )  # fmt: skip
         measured = max(p.tokens_per_request for p in profile.grid)
         if unmeasured := unmeasured_widths(budget.widths, measured):
@@ -387,7 +407,9 @@ class Controller:
         batch = trees.batch_size
         context = float(context_lens.float().mean())  # the host copy of the contexts
         overhead = self.step_overhead_ms(batch)
-        cost = self.cost_vector_ms(batch, context) + overhead  # [N] on the host
+        widened = self._width_overheads(batch, overhead)  # [N] per width, or None
+        base = self.cost_vector_ms(batch, context)  # [N] on the host, the model's cycles
+        cost = base + (overhead if widened is None else widened)
         device = trees.log_scores.device
         accepted = trees.surrogate() if scale is None else calibrated_surrogate(trees, scale)
         num_nodes = trees.num_nodes  # [B]
@@ -395,22 +417,29 @@ class Controller:
             accepted = accepted[sample].mean(dim=0, keepdim=True).expand(trees.batch_size, -1)
             num_nodes = trees.num_nodes[sample].max().expand(trees.batch_size)
         learning = self.learns_acceptance
-        plain_ms = self._plain_ms(cost, batch) if learning else 0.0
+        plain_ms = self._plain_ms(base, batch) if learning else 0.0
+        explore = self._explore_due(batch, sample)
         model_plain = False  # whether the model prices a plain step above every tree
         ragged = total = None  # a packed pass: each request's size, priced by all its tokens
         if self.layout == "global" and self.packs_ragged:
-            total = self._total_cost(batch, context, overhead, trees.max_nodes, device)
+            total = self._total_cost(batch, context, overhead, trees.max_nodes, device, widened)
             sizes, goodput = global_sizes(accepted, num_nodes, total)
             sizes = torch.minimum(sizes, trees.num_nodes)  # a sampled probe's others: roots
             loses = goodput <= batch / plain_ms if learning else goodput.new_zeros(())
-            host = torch.cat([sizes, loses.view(1).to(sizes)]).tolist()  # the one host read
-            ragged, model_plain = tuple(host[:-1]), bool(host[-1])
+            parts = [sizes, loses.view(1).to(sizes)]
+            if explore:  # and every tree's size, to widen them
+                parts.append(trees.num_nodes.to(sizes))
+            host = torch.cat(parts).tolist()  # the one host read
+            ragged, model_plain = tuple(host[:batch]), bool(host[batch])
+            if explore and (wider := self._wider(ragged, batch)):
+                ragged = tuple(min(n, wider) for n in host[batch + 1 :])
+                sizes = trees.num_nodes.clamp(max=wider)
             width = next((w for w in self.widths if w >= max(ragged)), self.widths[-1])
             if width < max(ragged):  # the widths stop short of N
                 ragged = tuple(min(n, width) for n in ragged)
                 sizes = sizes.clamp(max=width)
         elif self.layout == "ragged":
-            priced = self._priced(cost, device, batch, context, overhead)
+            priced = self._priced(cost, device, batch, context, overhead, widened)
             sizes = per_request_sizes(trees, priced, self.model.ar_ms(batch), accepted)
             largest = sizes.max()
             if learning:
@@ -422,13 +451,15 @@ class Controller:
             width = next((w for w in self.widths if w >= largest), self.widths[-1])
             sizes = sizes.clamp(max=width)  # below N only where the widths stop short of it
         else:
-            priced = self._priced(cost, device, batch, context, overhead)
+            priced = self._priced(cost, device, batch, context, overhead, widened)
             allowed = self._widths_on(device)
             if learning:
                 choice = uniform_choice(trees, priced, allowed, accepted, plain_ms)
                 width, model_plain = read_choice(choice)
             else:
                 width = read_width(uniform_width(trees, priced, allowed, accepted))
+            if explore:
+                width = next((w for w in self.widths if w > width), width)
             sizes = trees.num_nodes.clamp(max=width)
         probe = learning and self.backoff > 0
         sampled = sample is not None
@@ -436,12 +467,52 @@ class Controller:
         if plain:  # this step drafted already: what it costs is the width-1 cycle
             sizes, width, ragged = sizes.new_ones(batch), 1, None
         cycle = float(cost[width - 1] if ragged is None else total[sum(ragged) - 1])
+        keyed = 0 if plain or sampled else self._overhead_width(width, ragged, batch)
+        if widened is not None:  # the overhead the cycle was priced with
+            overhead = float(widened[(keyed or 1) - 1])
         verify_ms = cycle - overhead - self.model.aux_ms(batch)
         expected = _at(accepted, sizes)
         return Decision(
             sizes, width, verify_ms, cycle, overhead, plain=plain, expected=expected,
             ragged=ragged, probe=probe, sampled=sampled,
+            overhead_width=keyed if self.width_overheads else 0,
         )  # fmt: skip
+
+    def _overhead_width(self, width: int, ragged: tuple[int, ...] | None, batch: int) -> int:
+        """The ladder width whose overhead prices a pass: its width, or for a packed pass the
+        smallest ladder width holding its mean tokens per request."""
+        if ragged is None:
+            return width
+        mean = -(-sum(ragged) // batch)
+        return next((w for w in self.widths if w >= mean), self.widths[-1])
+
+    def _width_overheads(self, batch: int, fallback: float) -> torch.Tensor | None:
+        """[N] float64 the overhead that prices 1..N tokens per request at this batch size:
+        the measured one of the ladder width holding each, else ``fallback`` (None: no width
+        measured here, or the per-width overheads are off)."""
+        measured = self.width_overhead_ms.get(batch) if self.width_overheads else None
+        if not measured:
+            return None
+        # [N]: the overhead of the ladder width holding n = 1..N tokens per request
+        return torch.tensor([measured.get(w, fallback) for w in self._ladder], dtype=torch.float64)
+
+    def _explore_due(self, batch: int, sample: slice | torch.Tensor | None) -> bool:
+        """Whether this drafted step verifies one ladder width wider than it would (see
+        ``width_overheads``); counts the steps since the last one."""
+        if not self.width_overheads or self.explore_every <= 0 or sample is not None:
+            return False
+        if batch > self.probe_rows or not self.measure_overhead:
+            return False
+        self._since_explore += 1
+        if self._since_explore < self.explore_every:
+            return False
+        self._since_explore = 0
+        return True
+
+    def _wider(self, ragged: tuple[int, ...], batch: int) -> int | None:
+        """The ladder width after the one that prices ``ragged`` (None: it is the widest)."""
+        keyed = self._overhead_width(max(ragged), None, batch)
+        return next((w for w in self.widths if w > keyed), None)
 
     def _steps_plainly(self, model_plain: bool, batch: int) -> bool:
         """Whether this drafted step verifies roots alone; schedules plain steps and probes.
@@ -535,10 +606,9 @@ class Controller:
             self._roots[(batch, str(device))] = sizes
         return Decision(sizes, 1, verify, verify + overhead, overhead, plain=True, drafted=False)
 
-    def _plain_ms(self, cost: torch.Tensor, batch: int) -> float:
-        """A plain step's predicted cycle (``cost``: the drafted cycles, overhead included)."""
-        drafted = float(cost[0]) - self.step_overhead_ms(batch) - self.model.aux_ms(batch)
-        return drafted + self.plain_overhead_at(batch)
+    def _plain_ms(self, base: torch.Tensor, batch: int) -> float:
+        """A plain step's predicted cycle (``base``: the model's drafted cycles)."""
+        return float(base[0]) - self.model.aux_ms(batch) + self.plain_overhead_at(batch)
 
     def plain_overhead_at(self, batch: int) -> float:
         """Measured time a plain step spends beyond its verify: this batch size's, else the
@@ -563,12 +633,16 @@ class Controller:
 
     def _priced(
         self, cost: torch.Tensor, device: torch.device, batch: int, context: float,
-        overhead: float,
+        overhead: float, widened: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        """[N] the drafted cycles ``cost`` (host) as the decision prices them on ``device``."""
+        """[N] the drafted cycles ``cost`` (host) as the decision prices them on ``device``
+        (``widened`` [N]: the per-width overheads that replace ``overhead``)."""
         if device.type == "cpu":
             return cost
-        return self._priced_on(device, batch, context, overhead)
+        priced = self._priced_on(device, batch, context, overhead)
+        if widened is None:
+            return priced
+        return priced + to_device(widened - overhead, device)
 
     def _priced_on(
         self, device: torch.device, batch: int, context: float, overhead: float
@@ -585,9 +659,11 @@ class Controller:
         return (self.model.aux_ms(batch) + overhead) + self.gamma_at(batch) * verify
 
     def _total_cost(
-        self, batch: int, context: float, overhead: float, nodes: int, device: torch.device
-    ) -> torch.Tensor:
-        """[B*N] predicted cycle ms of a ragged pass over T = 1..B*N tokens in all."""
+        self, batch: int, context: float, overhead: float, nodes: int, device: torch.device,
+        widened: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """[B*N] predicted cycle ms of a ragged pass over T = 1..B*N tokens in all
+        (``widened`` [N]: per-width overheads, each T priced at ceil(T / B) per request)."""
         bucket = round(context / self.context_bucket) * self.context_bucket
         key = ("total", batch, bucket, nodes, str(device))
         verify = self._device_cache.get(key)
@@ -597,7 +673,11 @@ class Controller:
             per_request = total_tokens(batch, nodes)  # [B*N]: T / B
             price = self.model.verify_price_ms(batch, per_request, bucket, self.mode)
             verify = self._device_cache.setdefault(key, price.to(device))
-        return (self.model.aux_ms(batch) + overhead) + self.gamma_at(batch) * verify
+        total = (self.model.aux_ms(batch) + overhead) + self.gamma_at(batch) * verify
+        if widened is None:
+            return total
+        width = torch.arange(batch * nodes) // batch  # [B*N]: ceil(T / B) - 1
+        return total + to_device(widened[width] - overhead, device)
 
     def _widths_on(self, device: torch.device) -> torch.Tensor:
         """[widths] the allowed verify widths as a tensor on ``device``, copied once."""
@@ -644,6 +724,12 @@ class Controller:
         model_cycle = decision.predicted_cycle_ms - decision.overhead_ms
         sample = max(period_ms - model_cycle, -0.5 * model_cycle)
         table[batch] = sample if old is None else old + self.ema_alpha * (sample - old)
+        if decision.overhead_width:  # a speculative step: its width's overhead too
+            widths = self.width_overhead_ms.setdefault(batch, {})
+            was = widths.get(decision.overhead_width)
+            widths[decision.overhead_width] = (
+                sample if was is None else was + self.ema_alpha * (sample - was)
+            )  # fmt: skip
         self._count_probe_loss(decision, batch, period_ms, emitted)
         if not decision.drafted:
             self._fold_rate(self.plain_rate, batch, 1.0 / period_ms)

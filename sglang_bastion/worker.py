@@ -92,6 +92,7 @@ from sglang_bastion.options import published_options
 from sglang_bastion.stats import BastionStats
 from sglang_bastion.trace import TraceWriter
 from sglang_bastion.tree import Acceptance, TreeBatch, accept, build_trees_from_top_k, verify_inputs
+from sglang_bastion.tree.acceptance import accept_roots
 from sglang_bastion.tree.ragged import RaggedVerify, pack_ragged, unpack_rows
 from sglang_bastion.tree.warmup import warm_tree_ops
 from sglang_bastion.verify_graphs import (
@@ -129,7 +130,8 @@ class Verified:
     logits_output: Any  # SGLang's LogitsProcessorOutput of the verify pass
     hidden: torch.Tensor  # [B, W, H] target features captured at every node
     target_tokens: torch.Tensor  # [B, W] the target's token at every node
-    accepted: Acceptance  # paths, bonus tokens, KV moves
+    accepted: Acceptance  # paths, bonus tokens, KV moves: what the step emits
+    walked: torch.Tensor  # [B] tokens the walk accepted (+1), whether or not all are emitted
 
 
 class BastionWorker(DFlashWorkerV2):
@@ -264,6 +266,10 @@ class BastionWorker(DFlashWorkerV2):
             "gamma": by_batch(self.controller.gamma, 4),
             "overhead_ms": by_batch(self.controller.overhead_ms, 3),
             "plain_overhead_ms": by_batch(self.controller.plain_overhead_ms, 3),
+            "width_overhead_ms": {  # batch size -> verify width -> ms
+                str(b): by_batch(widths, 3)
+                for b, widths in sorted(self.controller.width_overhead_ms.items())
+            },
             # measured tokens per request per second: speculative and plain steps
             "speculative_rate": by_batch(self.controller.spec_rate, 2, 1e3),
             "plain_rate": by_batch(self.controller.plain_rate, 2, 1e3),
@@ -391,7 +397,11 @@ class BastionWorker(DFlashWorkerV2):
         )
         timer = SpanTimer(roots.device) if self.controller.needs_timing and not synced else None
         verify_start = self._now(synced)
-        verified = self._verify_trees(batch, trees, step, width, decision.ragged)
+        # A sampled probe measures its sample's trees but emits the roots' tokens alone, as a
+        # plain step does: the batch's requests stay in step (`Decision.sampled`).
+        verified = self._verify_trees(
+            batch, trees, step, width, decision.ragged, emit_roots=decision.sampled
+        )  # fmt: skip
         verify_ms = (self._now(synced) - verify_start) * 1e3 if synced else None
         if timer is not None:
             verify_ms = timer.stop().elapsed_ms()  # on a CPU at once
@@ -402,7 +412,8 @@ class BastionWorker(DFlashWorkerV2):
         logits_output, target_tokens = verified.logits_output, verified.target_tokens
         path, bonus = verified.accepted.path, verified.accepted.bonus_tokens
 
-        accept_lens = verified.accepted.num_accepted + 1  # [bs]: accepted drafts + the bonus
+        accept_lens = verified.accepted.num_accepted + 1  # [bs]: emitted drafts + the bonus
+        walked = verified.walked  # [bs]: what the trees were worth (a sampled probe emits less)
         new_seq_lens = prefix + accept_lens.to(prefix.dtype)
         if on_publish is not None:  # overlap: the next step's lengths, as early as known
             on_publish(new_seq_lens)
@@ -419,11 +430,9 @@ class BastionWorker(DFlashWorkerV2):
         )  # fmt: skip
         if self.controller.learns_acceptance:  # tokens per request, read next step or later
             self._emitted = 1.0 if decision.plain else LateRead(accept_lens.float().mean())
-            self._sampled = None if sample is None else LateRead(accept_lens[sample].float().mean())
+            self._sampled = None if sample is None else LateRead(walked[sample].float().mean())
         if drafts and self.acceptance is not None:  # what this step's drafts were worth
-            predicted, realised = step_evidence(
-                whole, decision.sizes, accept_lens, target_tokens[:, 0]
-            )
+            predicted, realised = step_evidence(whole, decision.sizes, walked, target_tokens[:, 0])
             kinds = request_kinds(batch.sampling_info, bs, roots.device)
             at = slice(None) if sample is None else sample  # only drafted requests are evidence
             observe(self.acceptance, batch.req_pool_indices[at], kinds[at], predicted[at],
@@ -656,14 +665,15 @@ class BastionWorker(DFlashWorkerV2):
 
     def _verify_trees(
         self, batch: Any, trees: TreeBatch, step: DecodeStep, width: int,
-        ragged: tuple[int, ...] | None = None,
+        ragged: tuple[int, ...] | None = None, emit_roots: bool = False,
     ) -> Verified:  # fmt: skip
         """Everything a step's cost owes to its trees: verify, target tokens, acceptance, KV.
 
         ``ragged``: each request's size when the pass packs them unpadded (the batch-global
-        budget on a backend that verifies ragged). This span is T_verify(B, W, c) for the
-        controller: the worker times it for the EMA modes, the trace and ``verify_listener``
-        (``bastion-calibrate``).
+        budget on a backend that verifies ragged). ``emit_roots``: walk the trees, but emit
+        each root's target token alone, as a plain step would. This span is T_verify(B, W, c)
+        for the controller: the worker times it for the EMA modes, the trace and
+        ``verify_listener`` (``bastion-calibrate``).
         """
         window, prefix, prefix_cpu = step.window, step.prefix, step.prefix_cpu
         bs = len(prefix)
@@ -686,7 +696,10 @@ class BastionWorker(DFlashWorkerV2):
         # The whole window: the drafter's block may exceed W.
         depth, kernels = self.block_size - 1, self.options.kernels
         accepted = accept(trees, target_tokens, window, max_depth=depth, kernels=kernels)
-        if width > 1:  # a width-1 pass verified the roots alone, already in their slots
+        walked = accepted.num_accepted + 1  # [bs]
+        if emit_roots:  # the roots' KV is in their slots already
+            accepted = accept_roots(target_tokens, depth)
+        elif width > 1:  # a width-1 pass verified the roots alone, already in their slots
             self._keep_accepted_kv(accepted.kv_source, accepted.kv_target)
         if batch.return_logprob:
             rows = torch.arange(bs, device=target_tokens.device).unsqueeze(1) * width
@@ -694,7 +707,7 @@ class BastionWorker(DFlashWorkerV2):
                 batch, logits_output, target_tokens.reshape(-1),
                 accept_index=rows + accepted.path.clamp(min=0),
             )  # fmt: skip
-        return Verified(logits_output, hidden, target_tokens, accepted)
+        return Verified(logits_output, hidden, target_tokens, accepted, walked)
 
     def _verify(
         self, batch: Any, verify: Any, window: torch.Tensor, prefix_cpu: torch.Tensor, width: int,

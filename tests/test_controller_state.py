@@ -244,6 +244,48 @@ def test_an_unseen_batch_size_borrows_the_nearest_measured_overhead():
     assert Controller("static", 64, "uniform", model()).step_overhead_ms(4) == 0.0
 
 
+@pytest.mark.parametrize("layout", ["uniform", "global"])
+def test_a_width_measured_cheaper_than_priced_is_explored_then_chosen(layout):
+    # Widths above 2 are priced dear (as a profile that overprices width would); every 4th
+    # step verifies the next wider ladder width, and once its period shows what it costs,
+    # the controller takes it.
+    budget = Controller(
+        "static", 16, layout, model(), packs_ragged=True, ema_alpha=1.0, measure_overhead=True,
+        width_overheads=True, explore_every=4,
+    )  # fmt: skip
+    budget.width_overhead_ms[1] = {w: 1000.0 for w in budget.widths if w > 2}
+    tree, context = trees(1, 16), torch.full((1,), 128)
+    assert [budget.decide(tree, context).width for _ in range(3)] == [2, 2, 2]
+    explored = budget.decide(tree, context)
+    assert explored.width == 4 and explored.overhead_ms == 1000.0
+    assert explored.overhead_width == 4
+    budget.observe_period(explored, 1, explored.predicted_cycle_ms - 1000.0)  # the model's cost
+    assert budget.width_overhead_ms[1][4] == pytest.approx(0.0)
+    assert budget.decide(tree, context).width == 4
+
+
+def test_each_width_keeps_its_own_measured_overhead():
+    budget = Controller(
+        "static", 16, "uniform", model(), ema_alpha=1.0, measure_overhead=True,
+        width_overheads=True,
+    )  # fmt: skip
+    decision = budget.decide(trees(1, 16), torch.full((1,), 128))
+    budget.observe_period(decision, 1, decision.predicted_cycle_ms + 3.0)
+    assert budget.width_overhead_ms == {1: {decision.width: pytest.approx(3.0)}}
+    assert budget.overhead_ms == {1: pytest.approx(3.0)}  # and the batch size's, for the rest
+
+
+@pytest.mark.parametrize(("batch", "on"), [(8, True), (1, False)])
+def test_no_width_is_explored_at_a_batch_above_the_sample_or_with_width_overheads_off(batch, on):
+    budget = Controller(
+        "static", 16, "uniform", model(), measure_overhead=True, width_overheads=on,
+        explore_every=2,
+    )  # fmt: skip
+    tree, context = trees(batch, 16), torch.full((batch,), 128)
+    widths = {budget.decide(tree, context).width for _ in range(6)}
+    assert len(widths) == 1
+
+
 def on_meta(batch: TreeBatch) -> TreeBatch:
     """The same trees on the meta device, where any host read of a value raises."""
     return TreeBatch(**{f.name: getattr(batch, f.name).to("meta") for f in fields(batch)})

@@ -293,6 +293,18 @@ def test_a_dormant_batch_drafts_only_from_the_contexts_it_kept_whole(
     assert after_dormancy > 0  # sampled probes drafted kept requests after dormant steps
 
 
+def test_a_sampled_probe_emits_one_token_per_request_as_a_plain_step_does(tmp_path_factory):
+    # The dormant batch above ran sampled probes. Each walked its sample's trees, which
+    # accepted drafts now and then, yet emitted every request's root token alone: the sampled
+    # requests stay in step with the batch.
+    trace = next(tmp_path_factory.getbasetemp().glob("adaptive*/trace.jsonl"))
+    _, steps = simulate.read_trace(trace)
+    sampled = [s for s in steps if s["sampled"]]
+    assert sampled, "no sampled probe in the trace: run the dormant-batch test first"
+    assert all(len(emitted) == 1 for s in sampled for emitted in s["emitted"])
+    assert any(s["width"] > 1 for s in sampled)  # they verified trees, not roots alone
+
+
 def test_the_profiles_controller_verifies_smaller_trees_for_bigger_batches(profile, request):
     if profile != SHIPPED_PROFILE:  # checked before its server is started
         pytest.skip("the shipped profile's prices shrink the trees; a quick host grid may not")
