@@ -431,7 +431,7 @@ class Controller:
                 parts.append(trees.num_nodes.to(sizes))
             host = torch.cat(parts).tolist()  # the one host read
             ragged, model_plain = tuple(host[:batch]), bool(host[batch])
-            if explore and (wider := self._wider(ragged, batch)):
+            if explore and (wider := self._wider(ragged)):
                 ragged = tuple(min(n, wider) for n in host[batch + 1 :])
                 sizes = trees.num_nodes.clamp(max=wider)
             width = next((w for w in self.widths if w >= max(ragged)), self.widths[-1])
@@ -481,10 +481,7 @@ class Controller:
     def _overhead_width(self, width: int, ragged: tuple[int, ...] | None, batch: int) -> int:
         """The ladder width whose overhead prices a pass: its width, or for a packed pass the
         smallest ladder width holding its mean tokens per request."""
-        if ragged is None:
-            return width
-        mean = -(-sum(ragged) // batch)
-        return next((w for w in self.widths if w >= mean), self.widths[-1])
+        return width if ragged is None else self._ladder[-(-sum(ragged) // batch) - 1]
 
     def _width_overheads(self, batch: int, fallback: float) -> torch.Tensor | None:
         """[N] float64 the overhead that prices 1..N tokens per request at this batch size:
@@ -509,10 +506,10 @@ class Controller:
         self._since_explore = 0
         return True
 
-    def _wider(self, ragged: tuple[int, ...], batch: int) -> int | None:
-        """The ladder width after the one that prices ``ragged`` (None: it is the widest)."""
-        keyed = self._overhead_width(max(ragged), None, batch)
-        return next((w for w in self.widths if w > keyed), None)
+    def _wider(self, ragged: tuple[int, ...]) -> int | None:
+        """The ladder width after the one holding the largest of ``ragged`` (None: none)."""
+        holding = self._ladder[max(ragged) - 1]
+        return next((w for w in self.widths if w > holding), None)
 
     def _steps_plainly(self, model_plain: bool, batch: int) -> bool:
         """Whether this drafted step verifies roots alone; schedules plain steps and probes.
