@@ -735,6 +735,12 @@ class Controller:
             self._fold_rate(self.spec_rate, batch, self._last_spec_rate)
             self._fold_rate(self.spec_period, batch, period_ms)
 
+    def observe_cut(self, decision: Decision, batch: int, sampled: float | None) -> None:
+        """A decode period a prefill cut short: its time is not the step's, but a sampled
+        probe is judged by what its sample accepted (unjudged, every step would probe)."""
+        if self.measure_overhead and decision.sampled:
+            self._judge_sample(batch, sampled)
+
     def _count_probe_loss(
         self, decision: Decision, batch: int, period_ms: float, emitted: float | None
     ) -> None:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 
 @dataclass
 class DraftContext:
@@ -73,3 +75,16 @@ def drafting_rows(state: DraftContext, requests: tuple[str, ...], rows: int) -> 
     start = state.sample_at % (len(whole) - rows + 1)
     state.sample_at = start + rows
     return whole[start : start + rows]
+
+
+def whole_count(state: DraftContext, requests: tuple[str, ...]) -> int:
+    """How many of ``requests`` a full probe drafts: those whose drafter context is whole."""
+    if not state.behind:
+        return len(requests)
+    return len(requests) - sum(rid in state.behind for rid in requests)
+
+
+def full_step_mean(walked: torch.Tensor, whole: int, batch: int) -> torch.Tensor:
+    """The mean tokens per request a full probe of ``batch`` requests would emit, when its
+    ``whole`` requests walk as a sample's did (``walked`` [R]) and the rest emit a root each."""
+    return 1.0 + (walked.float().mean() - 1.0) * (whole / batch)

@@ -76,7 +76,13 @@ from sglang_bastion.acceptance_scale import (
     step_evidence,
 )
 from sglang_bastion.controller import Controller, Decision, verifies_ragged
-from sglang_bastion.draft_context import DraftContext, drafting_rows, kept_rows
+from sglang_bastion.draft_context import (
+    DraftContext,
+    drafting_rows,
+    full_step_mean,
+    kept_rows,
+    whole_count,
+)
 from sglang_bastion.held_draft_kv import HeldDraftKv, holding_allowed
 from sglang_bastion.kernels import draft_head_topk, merge_shard_top_k, shard_top_k
 from sglang_bastion.late_read import LateRead, SpanTimer, to_device
@@ -290,7 +296,7 @@ class BastionWorker(DFlashWorkerV2):
         """Prefill as DFlash does; decode with one BASTION tree step."""
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             self._make_held_draft_kv()  # before DFlash's prefill writes the draft KV
-            self._period = None  # the next decode period would include this prefill
+            self._cut_period()  # the next decode period would include this prefill
             result = super().forward_batch_generation(
                 batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
                 pp_proxy_tensors=pp_proxy_tensors,
@@ -307,9 +313,16 @@ class BastionWorker(DFlashWorkerV2):
             return result
         if batch.forward_mode.is_idle() or batch.spec_info is None:
             self._make_held_draft_kv()
-            self._period = None
+            self._cut_period()
             return super().forward_batch_generation(batch, on_publish=on_publish)
         return self._tree_step(batch, on_publish, grammar_barrier)
+
+    def _cut_period(self) -> None:
+        """End the decode period at a prefill or idle step, whose time is not a decode step's."""
+        if self._period is not None and self._sampled is not None:
+            _, decision, batch = self._period
+            self.controller.observe_cut(decision, batch, self._sampled.value())
+        self._period = None
 
     def _make_held_draft_kv(self, requests: tuple[str, ...] | None = None) -> None:
         """Write the held plain steps' draft KV, unless it belongs to ``requests``' batch."""
@@ -368,9 +381,11 @@ class BastionWorker(DFlashWorkerV2):
         # The draft pass reads the contexts' draft KV; a changed batch may hand its slots on.
         self._make_held_draft_kv(None if drafts else requests)
         roots = draft_input.bonus_tokens.to(torch.long)  # [bs]
-        sample = sample_cpu = None  # a sampled probe's drafting rows: [R] on each side
+        sample = sample_cpu = None  # the drafting rows, when not all: [R] on each side
+        sampling = False  # a sampled probe; else the rows are every request still whole
         if drafts:
             rows = self.controller.draft_rows(bs)
+            sampling = rows < bs
             if (chosen := drafting_rows(self.draft_context, requests, rows)) is not None:
                 sample_cpu = torch.tensor(chosen)
                 sample = to_device(sample_cpu, roots.device)
@@ -384,7 +399,10 @@ class BastionWorker(DFlashWorkerV2):
         else:  # the host copy of the contexts: no sync
             if self.acceptance is not None:
                 scale = scales(self.acceptance, batch.req_pool_indices)
-            decision = self.controller.decide(whole, prefix_cpu, scale, sample)
+            # A full probe of a batch some of whose requests fell behind drafts the whole
+            # ones alone, and is priced and judged as the full step it is, not as a sample.
+            at = sample if sampling else None
+            decision = self.controller.decide(whole, prefix_cpu, scale, at)
         self._period = (started, decision, bs)
         # A plain step's trees are the roots already.
         trees = whole.truncate(decision.sizes).narrow(decision.width) if drafts else whole
@@ -430,7 +448,10 @@ class BastionWorker(DFlashWorkerV2):
         )  # fmt: skip
         if self.controller.learns_acceptance:  # tokens per request, read next step or later
             self._emitted = 1.0 if decision.plain else LateRead(accept_lens.float().mean())
-            self._sampled = None if sample is None else LateRead(walked[sample].float().mean())
+            self._sampled = None  # a sampled probe: what its full probe would emit
+            if decision.sampled:
+                whole_rows = whole_count(self.draft_context, requests)
+                self._sampled = LateRead(full_step_mean(walked[sample], whole_rows, bs))
         if drafts and self.acceptance is not None:  # what this step's drafts were worth
             predicted, realised = step_evidence(whole, decision.sizes, walked, target_tokens[:, 0])
             kinds = request_kinds(batch.sampling_info, bs, roots.device)

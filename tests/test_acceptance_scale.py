@@ -312,13 +312,13 @@ def test_probes_within_their_share_keep_the_doubling_waits():
 
 
 def serve_sampled(
-    controller: Controller, steps: int, accept: float, batch: int = 16
+    controller: Controller, steps: int, accept: float, batch: int = 16, cut: bool = False
 ) -> tuple[list[str], float, float]:
     """Served steps of ``batch`` requests where a request that drafts emits ``accept`` tokens:
     a plain step takes 10 ms, a whole batch's draft pass 50 ms more and its speculative step
-    30 ms; a sampled probe takes 12 ms. Returns each step's kind ("plain", "sampled", "full"
-    for a whole-batch draft pass), the time served and the time of its tokens at the plain
-    rate."""
+    30 ms; a sampled probe takes 12 ms (``cut``: a prefill follows it, which cuts its period
+    short). Returns each step's kind ("plain", "sampled", "full" for a whole-batch draft
+    pass), the time served and the time of its tokens at the plain rate."""
     state, kinds, served, plain_time = new_acceptance_scale(batch, "cpu"), [], 0.0, 0.0
     ids, contexts = torch.arange(batch), torch.full((batch,), 256)
     for _ in range(steps):
@@ -340,7 +340,10 @@ def serve_sampled(
                 period, emitted, kind = 60.0, 1.0, "full"
             else:
                 period, emitted, kind = 30.0, accept, "full"
-        controller.observe_period(decision, batch, period, emitted, sample)
+        if cut and kind == "sampled":
+            controller.observe_cut(decision, batch, sample)
+        else:
+            controller.observe_period(decision, batch, period, emitted, sample)
         kinds.append(kind)
         served, plain_time = served + period, plain_time + 10.0 * emitted
     return kinds, served, plain_time
@@ -360,6 +363,16 @@ def test_where_trees_lose_probes_at_a_larger_batch_draft_only_a_sample():
     tail = kinds[200:]
     assert tail.count("sampled") >= 10, kinds
     assert tail.count("full") == 0, kinds  # the samples show the full probe is not worth it
+
+
+def test_a_sampled_probe_cut_short_by_a_prefill_is_still_judged_by_its_sample():
+    controller = sampling_controller()
+    kinds, _, _ = serve_sampled(controller, 400, accept=1.5, cut=True)
+    tail = kinds[200:]
+    # one sample per wait of 8 plain steps, as when no prefill follows it (unjudged, every
+    # step after the first wait would probe again)
+    assert 10 <= tail.count("sampled") <= 200 // controller.max_backoff + 1, kinds
+    assert tail.count("full") == 0, kinds
 
 
 def test_sampled_probes_lose_little_of_the_plain_rate():

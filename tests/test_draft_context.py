@@ -1,6 +1,15 @@
 """Which requests' drafter context dormant plain steps keep whole, and who drafts after."""
 
-from sglang_bastion.draft_context import DraftContext, drafting_rows, kept_rows
+import pytest
+import torch
+
+from sglang_bastion.draft_context import (
+    DraftContext,
+    drafting_rows,
+    full_step_mean,
+    kept_rows,
+    whole_count,
+)
 
 
 def batch(*ids: int) -> tuple[str, ...]:
@@ -59,3 +68,19 @@ def test_with_every_request_behind_a_sample_is_drawn_from_them_all():
     kept_rows(state, batch(*range(4)), 1)
     assert drafting_rows(state, batch(1, 2, 3), 2) == [0, 1]
     assert drafting_rows(state, batch(1, 2, 3), 3) is None
+
+
+def test_a_full_probe_drafts_only_the_requests_whose_context_is_whole():
+    state = DraftContext()
+    kept_rows(state, batch(*range(16)), 4)  # 12 fell behind
+    assert whole_count(state, batch(*range(16))) == 4
+    assert whole_count(state, batch(0, 1, 20, 21)) == 4  # r20 and r21 joined whole
+    assert whole_count(DraftContext(), batch(*range(16))) == 16
+
+
+def test_a_sample_promises_its_full_probe_only_what_the_whole_requests_can_emit():
+    walked = torch.tensor([10, 11, 9, 10])  # a sample of 4 walked 10 tokens each on average
+    assert float(full_step_mean(walked, 16, 16)) == pytest.approx(10.0)  # everyone drafts
+    # 4 of 16 can draft: they walk as the sample did, the other 12 emit their roots
+    assert float(full_step_mean(walked, 4, 16)) == pytest.approx((4 * 10 + 12) / 16)
+    assert float(full_step_mean(walked, 0, 16)) == pytest.approx(1.0)
