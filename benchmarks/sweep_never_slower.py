@@ -12,7 +12,7 @@ import json
 import statistics
 from pathlib import Path
 
-from sweep_medians import SYNC, Key, is_fixed
+from sweep_medians import SYNC, Key, cell_label, is_fixed
 
 REFERENCES = ("none", "dflash", "eagle3")  # alternatives that are not a fixed tree size
 
@@ -31,10 +31,26 @@ def is_alternative(label: str) -> bool:
     return not label.endswith(SYNC) and (label in REFERENCES or is_fixed(label))
 
 
+def round_ratios(runs: list[list[dict]], setup: str, against: str, concurrency: int) -> list[float]:
+    """``setup``'s output tok/s over ``against``'s in each run that measured both at C."""
+    ratios = []
+    for cells in runs:
+        here = {
+            cell_label(c): c["output_tok_s"] for c in cells if int(c["concurrency"]) == concurrency
+        }
+        if setup in here and here.get(against):
+            ratios.append(here[setup] / here[against])
+    return ratios
+
+
 def never_slower_rows(
-    tok_s: dict[Key, list[float]], excluded: dict[str, str] | None = None
+    tok_s: dict[Key, list[float]],
+    excluded: dict[str, str] | None = None,
+    runs: list[list[dict]] | None = None,
 ) -> list[dict]:
-    """One row per (adaptive setup, concurrency): its median over each alternative's median."""
+    """One row per (adaptive setup, concurrency): its median over each alternative's median,
+    and (given the ``runs``) the median of its ratios to the best alternative round by round,
+    which a host that drifts between rounds moves less."""
     rows = []
     for concurrency in sorted({c for _, c in tok_s}):
         medians = {
@@ -57,6 +73,7 @@ def never_slower_rows(
                 "best": best, "best_tok_s": alternatives[best],
                 "of_best": medians[label] / alternatives[best],
                 "of": {alt: medians[label] / m for alt, m in sorted(alternatives.items())},
+                "rounds": round_ratios(runs or [], label, best, concurrency),
             })  # fmt: skip
     return rows
 
@@ -66,19 +83,28 @@ def markdown(rows: list[dict], excluded: dict[str, str] | None = None) -> str:
     if not rows:
         return ""
     columns = sorted({alt for r in rows for alt in r["of"]}, key=alternative_order)
+    by_round = any(r.get("rounds") for r in rows)
+    extra = " round by round | their median |" if by_round else ""
     lines = [
         "| C | setup | median tok/s | best alternative | its tok/s | of the best | "
         + " | ".join(f"of {c}" for c in columns)
-        + " |",
-        "|---|---|---|---|---|---|" + "---|" * len(columns),
+        + " |"
+        + extra,
+        "|---|---|---|---|---|---|" + "---|" * (len(columns) + 2 * by_round),
     ]
     for r in rows:
         shares = [r["of"].get(c) for c in columns]
+        rounds = r.get("rounds") or []
+        per_round = (
+            f" {' / '.join(f'{100 * v:.0f}%' for v in rounds)} "
+            f"| {percent(statistics.median(rounds))} |" if rounds else " - | - |"
+        )  # fmt: skip
         lines.append(
             f"| {r['C']} | {r['setup']} | {r['median_tok_s']:.1f} | {r['best']} "
             f"| {r['best_tok_s']:.1f} | {percent(r['of_best'])} | "
             + " | ".join(percent(s) if s is not None else "-" for s in shares)
             + " |"
+            + (per_round if by_round else "")
         )
     notes = "".join(f"\n{name} is left out: {why}.\n" for name, why in (excluded or {}).items())
     return "\n".join(lines) + "\n" + notes

@@ -77,6 +77,18 @@ def drafting_rows(state: DraftContext, requests: tuple[str, ...], rows: int) -> 
     return whole[start : start + rows]
 
 
+def probe_rows(
+    state: DraftContext, requests: tuple[str, ...], rows: int
+) -> tuple[list[int] | None, bool]:
+    """The rows a drafted step drafts (`drafting_rows`) and whether it is a sampled probe.
+
+    It is one only when fewer rows than the batch were asked for: a full probe of a batch
+    whose other requests fell behind drafts the whole ones alone, and is judged as the full
+    step it is (counted as a sample, it would pass as its sample did and probe again).
+    """
+    return drafting_rows(state, requests, rows), rows < len(requests)
+
+
 def whole_count(state: DraftContext, requests: tuple[str, ...]) -> int:
     """How many of ``requests`` a full probe drafts: those whose drafter context is whole."""
     if not state.behind:

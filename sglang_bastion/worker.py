@@ -78,9 +78,9 @@ from sglang_bastion.acceptance_scale import (
 from sglang_bastion.controller import Controller, Decision, verifies_ragged
 from sglang_bastion.draft_context import (
     DraftContext,
-    drafting_rows,
     full_step_mean,
     kept_rows,
+    probe_rows,
     whole_count,
 )
 from sglang_bastion.held_draft_kv import HeldDraftKv, holding_allowed
@@ -385,8 +385,8 @@ class BastionWorker(DFlashWorkerV2):
         sampling = False  # a sampled probe; else the rows are every request still whole
         if drafts:
             rows = self.controller.draft_rows(bs)
-            sampling = rows < bs
-            if (chosen := drafting_rows(self.draft_context, requests, rows)) is not None:
+            chosen, sampling = probe_rows(self.draft_context, requests, rows)
+            if chosen is not None:
                 sample_cpu = torch.tensor(chosen)
                 sample = to_device(sample_cpu, roots.device)
             top_q, top_ids, whole = self._draft_trees(batch, step, roots, sample, sample_cpu)
@@ -399,9 +399,7 @@ class BastionWorker(DFlashWorkerV2):
         else:  # the host copy of the contexts: no sync
             if self.acceptance is not None:
                 scale = scales(self.acceptance, batch.req_pool_indices)
-            # A full probe of a batch some of whose requests fell behind drafts the whole
-            # ones alone, and is priced and judged as the full step it is, not as a sample.
-            at = sample if sampling else None
+            at = sample if sampling else None  # a full probe is priced as the step it is
             decision = self.controller.decide(whole, prefix_cpu, scale, at)
         self._period = (started, decision, bs)
         # A plain step's trees are the roots already.

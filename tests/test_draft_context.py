@@ -8,6 +8,7 @@ from sglang_bastion.draft_context import (
     drafting_rows,
     full_step_mean,
     kept_rows,
+    probe_rows,
     whole_count,
 )
 
@@ -68,6 +69,15 @@ def test_with_every_request_behind_a_sample_is_drawn_from_them_all():
     kept_rows(state, batch(*range(4)), 1)
     assert drafting_rows(state, batch(1, 2, 3), 2) == [0, 1]
     assert drafting_rows(state, batch(1, 2, 3), 3) is None
+
+
+def test_a_full_probe_of_a_batch_with_requests_behind_is_no_sampled_probe():
+    state = DraftContext()
+    kept_rows(state, batch(*range(16)), 4)
+    assert probe_rows(state, batch(*range(16)), 16) == ([0, 1, 2, 3], False)
+    rows, sampled = probe_rows(state, batch(*range(16)), 2)
+    assert sampled and len(rows) == 2 and set(rows) <= {0, 1, 2, 3}
+    assert probe_rows(DraftContext(), batch(*range(16)), 16) == (None, False)
 
 
 def test_a_full_probe_drafts_only_the_requests_whose_context_is_whole():

@@ -9,6 +9,7 @@ prompts, greedy.
 
 from __future__ import annotations
 
+import itertools
 import re
 import sys
 from pathlib import Path
@@ -303,6 +304,17 @@ def test_a_sampled_probe_emits_one_token_per_request_as_a_plain_step_does(tmp_pa
     assert sampled, "no sampled probe in the trace: run the dormant-batch test first"
     assert all(len(emitted) == 1 for s in sampled for emitted in s["emitted"])
     assert any(s["width"] > 1 for s in sampled)  # they verified trees, not roots alone
+
+
+def test_every_sampled_probe_is_judged_before_the_next_probe(tmp_path_factory):
+    # A sample's judgement either starts a plain wait or lets the full probe go ahead, which
+    # is no sample: two sampled probes in a row mean one went unjudged (a prefill that cut
+    # its period short) or a full probe was taken for a sample (requests behind).
+    trace = next(tmp_path_factory.getbasetemp().glob("adaptive*/trace.jsonl"))
+    _, steps = simulate.read_trace(trace)
+    assert any(s["sampled"] for s in steps), "no sampled probe: run the dormant-batch test first"
+    pairs = list(itertools.pairwise(steps))
+    assert not [(a["step"], b["step"]) for a, b in pairs if a["sampled"] and b["sampled"]]
 
 
 def test_the_profiles_controller_verifies_smaller_trees_for_bigger_batches(profile, request):

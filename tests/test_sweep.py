@@ -578,6 +578,24 @@ def test_never_slower_compares_the_adaptive_median_with_the_best_alternative(
     assert row["of"] == pytest.approx({"none": 0.95, "dflash": 190 / 150, "bastion-8": 190 / 180})
 
 
+def test_never_slower_takes_the_adaptive_ratio_round_by_round_as_well(tmp_path: Path) -> None:
+    from sweep_never_slower import markdown, never_slower_rows
+
+    # the host ran twice as fast in the second round: by medians of rates adaptive loses
+    # (150 against 200), while it was at 95%, 100% and 90% of no speculation in each round
+    rates = ((100.0, 95.0), (400.0, 400.0), (200.0, 180.0))
+    folders = [
+        write_run(tmp_path / f"r{i}", [{"method": "none", "concurrency": 4, "output_tok_s": none},
+                                       adaptive_cell(4, adaptive, 32, overhead=False)])
+        for i, (none, adaptive) in enumerate(rates)
+    ]  # fmt: skip
+    runs = load_runs(folders)
+    (row,) = never_slower_rows(collect(runs)[0], None, runs)
+    assert row["of_best"] == pytest.approx(180 / 200)
+    assert row["rounds"] == pytest.approx([0.95, 1.0, 0.9])
+    assert "| 95% / 100% / 90% | **95.0%** |" in markdown([row])
+
+
 def test_never_slower_leaves_dflash_out_of_a_sampled_cpu_sweep(tmp_path: Path) -> None:
     from sweep_never_slower import excluded_references, never_slower_rows
 
