@@ -192,7 +192,7 @@ def measure_method(
             num_prompts = prompts_per_cell(args, concurrency)
             # Requests at the cell's concurrency and length first: the batch sizes and tree
             # widths of the cell are then no longer new to the server when it is measured.
-            warm_up(url, warmup_prompts, concurrency, args.output_len)
+            warm_up(url, warmup_prompts, concurrency, args.output_len, args.temperature)
             reset_acceptance(url, server_info(url))
             before = server_info(url)
             argv = bench_argv(

@@ -155,15 +155,22 @@ def reset_acceptance(url: str, info: dict) -> None:
     requests.post(f"{url}/set_internal_state", json=body, timeout=60).raise_for_status()
 
 
-def warm_up(url: str, prompts: Sequence[str], concurrency: int, max_tokens: int) -> None:
-    """Two rounds of greedy requests, ``concurrency`` at a time, so first-call costs stay out.
+def warm_up(
+    url: str, prompts: Sequence[str], concurrency: int, max_tokens: int, temperature: float = 0.0
+) -> None:
+    """Two rounds of the cell's requests, ``concurrency`` at a time, so first-call costs stay
+    out.
 
     A server pays once for every new pass shape (on CPU, a matmul primitive per token count;
     on GPU, kernel selection): the batch sizes and widths of a cell, met for the first time.
     Two rounds, as in a cell's own run, let requests join and leave at staggered times, so the
-    smaller batches of a cell's tail are met too.
+    smaller batches of a cell's tail are met too. They are sampled at the cell's
+    ``temperature``: what the adaptive controller learned of the warm-up's requests then holds
+    for the cell's, as it would for a server that serves such requests all day (greedy
+    warm-up requests before a sampled cell would make every cell measure the controller's
+    switch from one kind of request to the other).
     """
-    body = {"sampling_params": {"max_new_tokens": max_tokens, "temperature": 0}}
+    body = {"sampling_params": {"max_new_tokens": max_tokens, "temperature": temperature}}
 
     def generate(prompt: str) -> None:
         reply = requests.post(f"{url}/generate", json={"text": prompt, **body}, timeout=600)

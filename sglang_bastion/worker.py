@@ -95,6 +95,7 @@ from sglang_bastion.node_sampling import (
     state_from_penalizers,
 )
 from sglang_bastion.options import published_options
+from sglang_bastion.row_sampling import sample_rows
 from sglang_bastion.stats import BastionStats
 from sglang_bastion.trace import TraceWriter
 from sglang_bastion.tree import Acceptance, TreeBatch, accept, build_trees_from_top_k, verify_inputs
@@ -937,18 +938,6 @@ def host_top_k_bounds(draft: Any) -> tuple[int | None, int | None]:
     if largest is None or (largest == 1 and shared is None):
         return None, None
     return int(largest), shared
-
-
-def sample_rows(probs: torch.Tensor) -> torch.Tensor:
-    """[R] one token per row of [R, V] probabilities, each drawn from its row's distribution.
-
-    The exponential race: argmax of p / E with E ~ Exp(1) i.i.d. picks token v with
-    probability p_v, as ``torch.multinomial`` does, without its host-side bookkeeping on
-    CUDA (SGLang's sampler takes the same race under SGLANG_OPT_USE_GUMBEL_SAMPLE).
-    """
-    race = torch.empty_like(probs, dtype=torch.float32).exponential_(1.0)  # [R, V]
-    race.clamp_(min=torch.finfo(torch.float32).tiny)
-    return (probs.float() / race).argmax(dim=-1)
 
 
 def full_vocabulary(processor: Any, logits: torch.Tensor) -> torch.Tensor:

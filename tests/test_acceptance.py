@@ -129,6 +129,7 @@ def draw_target_tokens(table, trees, prev, rule, gen):
 def first_tokens(rule: str, trials: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """First EMIT tokens of tree-speculative sampling per trial, and the target table."""
     gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # the Dirichlet draws take the global generator: one fixed run
     table = markov_target(gen)
     prev = torch.full((trials,), START[0])
     root = torch.full((trials,), START[1])

@@ -431,19 +431,29 @@ class _CountingGenerate(BaseHTTPRequestHandler):
         """Quiet."""
 
 
-def test_warm_up_sends_two_rounds_at_the_cells_concurrency_and_length() -> None:
+def warmed_up(prompts: list[str], **kwargs: object) -> list[dict]:
+    """The bodies `warm_up` sends a counting /generate with ``kwargs``."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _CountingGenerate)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    _CountingGenerate.bodies, _CountingGenerate.most_in_flight = [], 0
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        warm_up(url, ["a", "b", "c"], concurrency=4, max_tokens=96)
+        warm_up(f"http://127.0.0.1:{server.server_address[1]}", prompts, **kwargs)
     finally:
         server.shutdown()
-    bodies = _CountingGenerate.bodies
+    return _CountingGenerate.bodies
+
+
+def test_warm_up_sends_two_rounds_at_the_cells_concurrency_and_length() -> None:
+    bodies = warmed_up(["a", "b", "c"], concurrency=4, max_tokens=96)
     assert len(bodies) == 8
     assert 1 < _CountingGenerate.most_in_flight <= 4  # concurrent, never above C
     assert {b["text"] for b in bodies} == {"a", "b", "c"}
     assert all(b["sampling_params"] == {"max_new_tokens": 96, "temperature": 0} for b in bodies)
+
+
+def test_warm_up_samples_at_the_cells_temperature() -> None:
+    bodies = warmed_up(["a"], concurrency=2, max_tokens=8, temperature=1.0)
+    assert [b["sampling_params"]["temperature"] for b in bodies] == [1.0] * 4
 
 
 def adaptive_cell(concurrency: int, tok_s: float, n_max: int, overhead: bool) -> dict:
