@@ -1,5 +1,5 @@
-"""What the verify pass hands SGLang's sampler (the whole vocabulary, host-side bounds), and
-how a node's token is drawn from the processed distribution."""
+"""What the verify pass hands SGLang's sampler: the whole vocabulary, host-side bounds (how a
+node's token is then drawn: test_row_sampling.py)."""
 
 from __future__ import annotations
 
