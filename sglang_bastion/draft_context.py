@@ -10,8 +10,11 @@ sampled probe drafts; every other request of the batch falls behind for good.
 A request that fell behind never drafts again: its drafts would read holes. Its steps verify
 its root alone, which is exact and costs what a plain step costs it. Requests that join are
 whole (their prefill writes the drafter's context), so the sample is refilled from them as
-kept requests finish. When a sample passes, dormancy ends and the probes draft every whole
-request until the ones behind have finished, then the whole batch again.
+kept requests finish. A prefill while dormant writes the prompt context of only as many of
+its requests as the kept ones that are still running leave a sample short of
+(`joiners_kept_whole`); the others join behind. When a sample passes, dormancy ends and the
+probes draft every whole request until the ones behind have finished, then the whole batch
+again.
 
 Exactness never depends on this state: drafts only propose tokens, and the target's own
 tokens decide what is emitted. A request that reuses a cached prefix whose tokens were
@@ -53,6 +56,24 @@ def kept_rows(state: DraftContext, requests: tuple[str, ...], keep: int) -> tupl
     state.behind = (state.behind & members) | (members - state.kept)  # finished ones dropped
     state._last = (requests, tuple(rows))
     return state._last[1]
+
+
+def joiners_kept_whole(
+    state: DraftContext, joiners: tuple[str, ...], running_kept: int, keep: int
+) -> tuple[int, ...]:
+    """Rows of ``joiners`` whose prompt context a dormant prefill still writes: enough to
+    bring the ``running_kept`` requests kept whole up to ``keep``; the others join behind.
+
+    A joiner seen before (a prompt prefilled in chunks, a retracted request) stays as it was.
+    """
+    again = [i for i, rid in enumerate(joiners) if rid in state.kept and rid not in state.behind]
+    room = max(keep - running_kept - len(again), 0)
+    new = [i for i, rid in enumerate(joiners) if rid not in state.kept and rid not in state.behind]
+    rows = tuple(sorted(again + new[:room]))
+    state.kept |= frozenset(joiners[i] for i in rows)
+    state.behind |= {rid for i, rid in enumerate(joiners) if i not in rows}
+    state._last = None
+    return rows
 
 
 def drafting_rows(state: DraftContext, requests: tuple[str, ...], rows: int) -> list[int] | None:

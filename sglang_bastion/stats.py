@@ -27,6 +27,7 @@ class BastionStats:
     ragged_verifies: int = 0  # decode steps whose verify packed each tree unpadded
     sampled_probes: int = 0  # decode steps where only a sample of the requests drafted
     dormant_request_steps: int = 0  # plain request-steps whose drafter context was not written
+    dormant_prompt_tokens: int = 0  # prompt tokens whose drafter context a prefill did not write
     steps_by_width: dict[int, int] = field(default_factory=dict)  # decode steps per verify width
     request_steps: int = 0  # sum over steps of requests in the batch
     verify_tokens: int = 0  # sum over steps of the tokens verified (padded: batch x width)
@@ -131,6 +132,7 @@ class BastionStats:
             "ragged_verifies": self.ragged_verifies,
             "sampled_probes": self.sampled_probes,
             "dormant_request_steps": self.dormant_request_steps,
+            "dormant_prompt_tokens": self.dormant_prompt_tokens,
             "steps_by_width": {str(w): n for w, n in sorted(self.steps_by_width.items())},
             "root_only_request_steps": root_only,
             "request_steps": self.request_steps,

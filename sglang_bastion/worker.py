@@ -29,6 +29,7 @@ max_tokens and releases the rest when the request finishes.
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import time
 from collections import deque
@@ -79,6 +80,7 @@ from sglang_bastion.controller import Controller, Decision, verifies_ragged
 from sglang_bastion.draft_context import (
     DraftContext,
     full_step_mean,
+    joiners_kept_whole,
     kept_rows,
     probe_rows,
     whole_count,
@@ -193,6 +195,11 @@ class BastionWorker(DFlashWorkerV2):
         # whose drafter context dormant plain steps let fall behind; who drafts in a probe
         self.draft_context = DraftContext()
         self._kept_rows: tuple[tuple[int, ...], torch.Tensor] | None = None  # and on the device
+        # The last decode step's requests (SGLang's Req objects) when it was dormant: a prefill
+        # then writes the prompt context of the joiners a sample needs alone.
+        self._dormant_reqs: tuple[Any, ...] | None = None
+        # [T] the prefill's tokens whose drafter context is written (None: all of them)
+        self._prefill_tokens: torch.Tensor | None = None
         # Verify spans still timing on the device (EMA modes on a GPU); the oldest is dropped
         # past 8, as a stalled device would otherwise grow the queue.
         self._late_timings: deque[tuple[Decision, SpanTimer]] = deque(maxlen=8)
@@ -298,10 +305,14 @@ class BastionWorker(DFlashWorkerV2):
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             self._make_held_draft_kv()  # before DFlash's prefill writes the draft KV
             self._cut_period()  # the next decode period would include this prefill
-            result = super().forward_batch_generation(
-                batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
-                pp_proxy_tensors=pp_proxy_tensors,
-            )  # fmt: skip
+            self._prefill_tokens = self._prefill_context_tokens(batch)
+            try:
+                result = super().forward_batch_generation(
+                    batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
+                    pp_proxy_tensors=pp_proxy_tensors,
+                )  # fmt: skip
+            finally:
+                self._prefill_tokens = None
             first = result.next_token_ids.view(-1, 1)  # [bs, 1]: each request's first token
             self._commit_penalties(batch, first, torch.ones_like(first[:, 0]))
             if self.controller.learns_acceptance:
@@ -317,6 +328,47 @@ class BastionWorker(DFlashWorkerV2):
             self._cut_period()
             return super().forward_batch_generation(batch, on_publish=on_publish)
         return self._tree_step(batch, on_publish, grammar_barrier)
+
+    def _prefill_context_tokens(self, batch: Any) -> torch.Tensor | None:
+        """[T] the prefill's tokens whose drafter context is written: while dormant, those of
+        the joiners a sample needs (`joiners_kept_whole`); None: every token."""
+        running = self._dormant_reqs
+        if running is None or self.held_draft_kv is None or batch.extend_lens is None:
+            return None  # not dormant, or its draft KV is read as it is written (see holding)
+        alive = [req for req in running if not req.finished()]
+        joiners = tuple(req.rid for req in batch.reqs)
+        if not joiners or not self.controller.dormant(len(alive) + len(joiners)):
+            return None
+        kept = self.draft_context.kept
+        running_kept = sum(req.rid in kept for req in alive)
+        self._dormant_reqs = (*alive, *batch.reqs)  # a second prefill before the next step
+        rows = joiners_kept_whole(
+            self.draft_context, joiners, running_kept, self.controller.probe_rows
+        )
+        lens = [int(n) for n in batch.extend_lens]
+        starts = [0, *itertools.accumulate(lens)]
+        self.stats.dormant_prompt_tokens += starts[-1] - sum(lens[i] for i in rows)
+        picked = [torch.arange(starts[i], starts[i] + lens[i]) for i in rows]
+        return to_device(torch.cat(picked) if picked else torch.empty(0, dtype=torch.long),
+                         torch.device(self.device))  # fmt: skip
+
+    def _append_target_hidden_to_draft_kv_by_loc(
+        self, *, target_hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        """DFlash's draft-KV write; in a dormant prefill, of the tokens kept whole alone."""
+        tokens = self._prefill_tokens
+        if tokens is not None:  # DFlash's prefill write: [T] tokens, F features each
+            self._prefill_tokens = None
+            if not len(tokens):
+                return
+            target_hidden = target_hidden.index_select(0, tokens)
+            cache_loc = cache_loc.index_select(0, tokens)
+            positions = positions.index_select(0, tokens)
+            kwargs.pop("extend_lens", None)  # read by a LiLiCorr head alone, which never holds
+        super()._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=target_hidden, cache_loc=cache_loc, positions=positions, **kwargs
+        )
 
     def _cut_period(self) -> None:
         """End the decode period at a prefill or idle step, whose time is not a decode step's."""
@@ -438,7 +490,9 @@ class BastionWorker(DFlashWorkerV2):
         emitted_cols = path[:, : min(width, path.shape[1])]  # [bs, min(W, D+1)]
         hold = requests if width == 1 else None
         keep = None  # [R]: a dormant plain step writes these rows' drafter context alone
-        if width == 1 and self.controller.dormant(bs):
+        dormant = self.controller.dormant(bs)
+        self._dormant_reqs = tuple(batch.reqs) if dormant else None
+        if width == 1 and dormant:
             kept = kept_rows(self.draft_context, requests, self.controller.probe_rows)
             keep = self._kept_index(kept, roots.device)
             self.stats.dormant_request_steps += bs - len(kept)

@@ -7,6 +7,7 @@ from sglang_bastion.draft_context import (
     DraftContext,
     drafting_rows,
     full_step_mean,
+    joiners_kept_whole,
     kept_rows,
     probe_rows,
     whole_count,
@@ -44,6 +45,30 @@ def test_requests_that_left_are_forgotten():
     kept_rows(state, batch(*range(6)), 2)
     kept_rows(state, batch(0, 1, 5, 9), 2)
     assert state.behind == set(batch(5, 9))
+
+
+def test_a_dormant_prefill_writes_only_the_joiners_that_refill_the_sample():
+    state = DraftContext()
+    kept_rows(state, batch(*range(8)), 4)  # r0..r3 kept, r4..r7 behind
+    # r0 finished: 3 running requests are kept, so one of the joiners refills the sample
+    assert joiners_kept_whole(state, batch(8, 9, 10), 3, 4) == (0,)
+    assert "r8" in state.kept and {"r9", "r10"} <= state.behind
+    assert drafting_rows(state, batch(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), 4) == [0, 1, 2, 7]
+
+
+def test_a_dormant_prefill_beside_a_whole_sample_writes_no_joiner():
+    state = DraftContext()
+    kept_rows(state, batch(*range(8)), 4)
+    assert joiners_kept_whole(state, batch(8, 9), 4, 4) == ()
+    assert state.behind >= set(batch(8, 9))
+
+
+def test_a_prompt_prefilled_again_keeps_what_it_was():
+    state = DraftContext()
+    kept_rows(state, batch(*range(8)), 2)  # r0, r1 kept; r2..r7 behind
+    # r1's and r5's prompts come again (chunks, retraction); the sample is full
+    assert joiners_kept_whole(state, batch(1, 5, 8), 2, 2) == (0,)
+    assert "r1" in state.kept and {"r5", "r8"} <= state.behind
 
 
 def test_with_nobody_behind_a_full_step_drafts_everyone_and_samples_take_turns():

@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 import re
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -113,6 +115,8 @@ def drafted_marginals(
     mine = [(s, r) for s, r in mine if s["context_lens"][r] < seq.shape[1]]
     # a sampled probe's other rows drafted nothing (their top-K probabilities are zeros)
     drafted = [(s, r) for s, r in mine if s.get("drafted", True) and any(s["topk_probs"][r][0])]
+    if not drafted:
+        return [s for s, _ in mine], torch.empty(0), torch.empty(0), torch.empty(0)
 
     def column(key: str) -> torch.Tensor:
         return torch.tensor([s[key][r] for s, r in drafted])
@@ -292,6 +296,41 @@ def test_a_dormant_batch_drafts_only_from_the_contexts_it_kept_whole(
             s["sampled"] and any(s["topk_probs"][s["rids"].index(rid)][0]) for s in steps[first:]
         )  # fmt: skip
     assert after_dormancy > 0  # sampled probes drafted kept requests after dormant steps
+
+
+def test_requests_that_join_a_dormant_batch_beyond_its_sample_skip_the_drafters_context(
+    plain_url, adaptive_url, tmp_path_factory
+):
+    # Nine sampled requests go dormant as above; four more join them then. The kept requests
+    # still make a whole sample, so the joiners' prefill writes none of their prompt context
+    # to the draft KV, and they never draft. The kept requests' probes still draft from whole
+    # contexts: a misplaced write would change their drafts.
+    texts, joiners = [*PROMPTS, *PROMPTS, PROMPTS[0]], [p + "\n" for p in PROMPTS]
+    params = {"temperature": 1.0, "ignore_eos": True}
+    before = bastion_counters(adaptive_url)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        body = {"text": texts, "sampling_params": {**params, "max_new_tokens": 400}}
+        batch = pool.submit(requests.post, f"{adaptive_url}/generate", json=body, timeout=600)
+        deadline = time.monotonic() + 300
+        while bastion_counters(adaptive_url)["dormant_request_steps"] == before[
+            "dormant_request_steps"
+        ]:  # fmt: skip
+            assert time.monotonic() < deadline and not batch.done(), "the batch never went dormant"
+            time.sleep(0.05)
+        body = {"text": joiners, "sampling_params": {**params, "max_new_tokens": 100}}
+        joined = requests.post(f"{adaptive_url}/generate", json=body, timeout=600).json()
+        replies = batch.result().json()
+    after = bastion_counters(adaptive_url)
+    assert after["dormant_prompt_tokens"] > before["dormant_prompt_tokens"], (before, after)
+    trace = next(tmp_path_factory.getbasetemp().glob("adaptive*/trace.jsonl"))
+    for text, reply in zip(joiners, joined, strict=True):
+        steps, _, served_ids, _ = drafted_marginals(plain_url, trace, text, reply)
+        assert steps and not len(served_ids)  # in the batch, and never drafted
+    for text, reply in zip(texts, replies, strict=True):
+        _, probs, served_ids, served_q = drafted_marginals(plain_url, trace, text, reply)
+        if len(served_ids):
+            assert (probs.argmax(-1) == served_ids[..., 0]).float().mean() > 0.9
+            assert (probs.gather(-1, served_ids) - served_q).abs().max() < 0.1
 
 
 def test_a_sampled_probe_emits_one_token_per_request_as_a_plain_step_does(tmp_path_factory):
