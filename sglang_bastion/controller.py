@@ -259,6 +259,11 @@ class Controller:
     _probed: bool = field(default=False, repr=False)  # the last probe speculated: judge it next
     _wait_loss: float | None = field(default=None, repr=False)  # probes' loss since the last wait
     _last_spec_rate: float | None = field(default=None, repr=False)
+    # The plain wait a passing probe ended, and the tokens per request and milliseconds of
+    # the speculative steps since: if they lose to plain steps, the next wait doubles that
+    # one (the probe was lucky) instead of starting over from one plain step.
+    _resumed_from: int | None = field(default=None, repr=False)
+    _resumed_sums: tuple[float, float] = field(default=(0.0, 0.0), repr=False)
     _since_plain: int = field(default=0, repr=False)  # drafted steps since the last plain one
     _kinds: frozenset[int] = field(default=frozenset(), repr=False)  # request kinds joined
     _plain_kinds: frozenset[int] = field(default=frozenset(), repr=False)  # judged not to pay
@@ -521,7 +526,8 @@ class Controller:
         millisecond than a speculative one at this batch size, or, before both are measured,
         when the model says so. Each plain
         decision doubles the plain wait, up to ``max_backoff`` or, where probes cost more,
-        up to `_probe_wait`; speculating ends it.
+        up to `_probe_wait`; speculating ends it. Speculation that a probe resumed and that
+        lost by the next plain decision doubles the probe's wait instead (`_wait_plainly`).
         """
         waiting, measured = self.backoff > 0, _near(self.spec_rate, batch) is not None
         # A passed sample is newer evidence than the rates and the other requests' scales.
@@ -531,6 +537,8 @@ class Controller:
             return False
         loses = self._measured_loses(batch, judged=self._probed)
         if not (model_plain if loses is None else loses):
+            if waiting:  # a probe passed: speculation resumes, and is judged as it goes
+                self._resumed_from, self._resumed_sums = self.backoff, (0.0, 0.0)
             self.backoff, self._probed, self._plain_kinds = 0, False, frozenset()
             self._sample_passed = False
             return False
@@ -553,9 +561,15 @@ class Controller:
         return True
 
     def _wait_plainly(self, batch: int) -> None:
-        """Double the plain wait (up to its cap) and start it; speculation was judged."""
+        """Double the plain wait (up to its cap) and start it; speculation was judged. After
+        speculation a probe resumed, the wait doubles the probe's own wait unless the steps
+        since emitted at least what plain steps would have (`_resumed_lost`)."""
         cap = max(self.max_backoff, self._probe_wait(batch))
-        self.backoff = min(max(1, 2 * self.backoff), cap)
+        base = self.backoff
+        if self._resumed_from is not None and self._resumed_lost(batch):
+            base = max(base, self._resumed_from)
+        self._resumed_from = None
+        self.backoff = min(max(1, 2 * base), cap)
         self.plain_left, self._probed, self._plain_kinds = self.backoff, False, self._kinds
         self._sample_passed = False
 
@@ -572,6 +586,13 @@ class Controller:
         if loss is None:
             return 0
         return min(math.ceil(loss / self.probe_share), 8 * self.max_backoff)
+
+    def _resumed_lost(self, batch: int) -> bool:
+        """Whether the speculative steps since a probe resumed speculation emitted less per
+        ms than plain steps at this batch size (False: none measured)."""
+        tokens, ms = self._resumed_sums
+        plain = _near(self.plain_rate, batch)
+        return ms > 0 and plain is not None and tokens / ms < plain
 
     def _measured_loses(self, batch: int, judged: bool) -> bool | None:
         """Whether speculation emitted less per ms than plain steps (None: not measured).
@@ -731,6 +752,9 @@ class Controller:
         if not decision.drafted:
             self._fold_rate(self.plain_rate, batch, 1.0 / period_ms)
         elif not decision.plain and emitted is not None:
+            if self._resumed_from is not None:
+                tokens, ms = self._resumed_sums
+                self._resumed_sums = (tokens + emitted, ms + period_ms)
             self._last_spec_rate = emitted / period_ms
             self._fold_rate(self.spec_rate, batch, self._last_spec_rate)
             self._fold_rate(self.spec_period, batch, period_ms)

@@ -260,6 +260,51 @@ def test_speculation_that_measures_faster_goes_on():
     assert sum(spec[-40:]) >= 39, spec  # one plain step in 64 keeps the plain rate measured
 
 
+def serve_varying(controller: Controller, acceptance: list[float]) -> list[bool]:
+    """A step per entry: a speculative step takes 30 ms and emits the entry's tokens per
+    request (what the batch's drafts are worth at that step), a plain step 10 ms and one.
+    Returns whether each step speculated."""
+    state, out = new_acceptance_scale(4, "cpu"), []
+    ids, contexts = torch.arange(4), torch.full((4,), 256)
+    for emitted in acceptance:
+        if controller.drafts_this_step(4):
+            decision = controller.decide(confident_trees(4), contexts, scales(state, ids))
+        else:
+            decision = controller.plain_decision(4, contexts, torch.device("cpu"))
+        plain = decision.plain
+        controller.observe_period(decision, 4, 10.0 if plain else 30.0, 1.0 if plain else emitted)
+        out.append(not plain)
+    return out
+
+
+def test_a_probe_that_passes_by_luck_does_not_start_the_plain_waits_over():
+    # one step in three would emit 5 tokens in 3 plain steps' time, the others 1: speculation
+    # loses, but a third of the probes pass
+    controller = Controller(
+        "static", 64, "uniform", model(), learn_acceptance=True, measure_overhead=True
+    )
+    serve_varying(controller, [5.0 if i % 3 == 0 else 1.0 for i in range(2000)])
+    waits = []
+    for i in range(2000):
+        serve_varying(controller, [5.0 if i % 3 == 0 else 1.0])
+        waits.append(controller.backoff)
+    # the speculation a lucky probe resumes loses at once, and the waits go on doubling
+    assert min(w for w in waits if w > 0) >= controller.max_backoff, sorted(set(waits))
+
+
+def test_speculation_a_probe_resumes_that_pays_starts_the_plain_waits_over():
+    controller = Controller(
+        "static", 64, "uniform", model(), learn_acceptance=True, measure_overhead=True
+    )
+    serve_varying(controller, [1.0] * 1000)  # trees lose: long plain waits
+    assert controller.backoff >= controller.max_backoff
+    # acceptance returns for a while (5 tokens: speculation pays), then fails again
+    assert sum(serve_varying(controller, [5.0] * 600)[-40:]) >= 39  # speculating again
+    while all(serve_varying(controller, [1.0])):
+        pass
+    assert controller.backoff == 1  # the first wait after speculation that paid
+
+
 def test_a_model_that_overprices_trees_is_overruled_by_the_measured_rates():
     # drafting priced at 1 s a step: the model alone would never speculate again
     controller = Controller(
