@@ -259,11 +259,10 @@ class Controller:
     _probed: bool = field(default=False, repr=False)  # the last probe speculated: judge it next
     _wait_loss: float | None = field(default=None, repr=False)  # probes' loss since the last wait
     _last_spec_rate: float | None = field(default=None, repr=False)
-    # The plain wait a passing probe ended, and the tokens per request and milliseconds of
-    # the speculative steps since: if they lose to plain steps, the next wait doubles that
-    # one (the probe was lucky) instead of starting over from one plain step.
-    _resumed_from: int | None = field(default=None, repr=False)
-    _resumed_sums: tuple[float, float] = field(default=(0.0, 0.0), repr=False)
+    # (the plain wait a passing probe ended, tokens per request, ms) of the speculative steps
+    # since (None: no probe resumed speculation): if they lose to plain steps, the next wait
+    # doubles that one (the probe was lucky) instead of starting over from one plain step.
+    _resumed: tuple[int, float, float] | None = field(default=None, repr=False)
     _since_plain: int = field(default=0, repr=False)  # drafted steps since the last plain one
     _kinds: frozenset[int] = field(default=frozenset(), repr=False)  # request kinds joined
     _plain_kinds: frozenset[int] = field(default=frozenset(), repr=False)  # judged not to pay
@@ -538,7 +537,7 @@ class Controller:
         loses = self._measured_loses(batch, judged=self._probed)
         if not (model_plain if loses is None else loses):
             if waiting:  # a probe passed: speculation resumes, and is judged as it goes
-                self._resumed_from, self._resumed_sums = self.backoff, (0.0, 0.0)
+                self._resumed = (self.backoff, 0.0, 0.0)
             self.backoff, self._probed, self._plain_kinds = 0, False, frozenset()
             self._sample_passed = False
             return False
@@ -566,9 +565,9 @@ class Controller:
         since emitted at least what plain steps would have (`_resumed_lost`)."""
         cap = max(self.max_backoff, self._probe_wait(batch))
         base = self.backoff
-        if self._resumed_from is not None and self._resumed_lost(batch):
-            base = max(base, self._resumed_from)
-        self._resumed_from = None
+        if self._resumed is not None and self._resumed_lost(batch):
+            base = max(base, self._resumed[0])
+        self._resumed = None
         self.backoff = min(max(1, 2 * base), cap)
         self.plain_left, self._probed, self._plain_kinds = self.backoff, False, self._kinds
         self._sample_passed = False
@@ -590,7 +589,7 @@ class Controller:
     def _resumed_lost(self, batch: int) -> bool:
         """Whether the speculative steps since a probe resumed speculation emitted less per
         ms than plain steps at this batch size (False: none measured)."""
-        tokens, ms = self._resumed_sums
+        _, tokens, ms = self._resumed
         plain = _near(self.plain_rate, batch)
         return ms > 0 and plain is not None and tokens / ms < plain
 
@@ -752,9 +751,9 @@ class Controller:
         if not decision.drafted:
             self._fold_rate(self.plain_rate, batch, 1.0 / period_ms)
         elif not decision.plain and emitted is not None:
-            if self._resumed_from is not None:
-                tokens, ms = self._resumed_sums
-                self._resumed_sums = (tokens + emitted, ms + period_ms)
+            if self._resumed is not None:
+                wait, tokens, ms = self._resumed
+                self._resumed = (wait, tokens + emitted, ms + period_ms)
             self._last_spec_rate = emitted / period_ms
             self._fold_rate(self.spec_rate, batch, self._last_spec_rate)
             self._fold_rate(self.spec_period, batch, period_ms)

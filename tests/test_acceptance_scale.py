@@ -205,20 +205,29 @@ def test_a_plain_step_is_priced_without_the_draft_pass():
     assert plain.predicted_cycle_ms == pytest.approx(float(lm.cycle_ms(4, 1, 320.0)) - lm.aux_ms(4))
 
 
-def serve(controller: Controller, steps: int, spec_ms: float, plain_ms: float, emitted: float):
-    """Steps against measured periods: a speculative step takes ``spec_ms`` and emits
-    ``emitted`` tokens per request, a plain step (drafted or not) ``plain_ms`` and one."""
+def serve_varying(
+    controller: Controller, acceptance: list[float], spec_ms: float = 30.0, plain_ms: float = 10.0
+) -> list[bool]:
+    """A step per entry: a speculative step takes ``spec_ms`` and emits the entry's tokens per
+    request (what the batch's drafts are worth at that step), a plain step (drafted or not)
+    ``plain_ms`` and one. Returns whether each step speculated."""
     state, out = new_acceptance_scale(4, "cpu"), []
     ids, contexts = torch.arange(4), torch.full((4,), 256)
-    for _ in range(steps):
+    for emitted in acceptance:
         if controller.drafts_this_step(4):
             decision = controller.decide(confident_trees(4), contexts, scales(state, ids))
         else:
             decision = controller.plain_decision(4, contexts, torch.device("cpu"))
-        period = spec_ms if not decision.plain else plain_ms
-        controller.observe_period(decision, 4, period, 1.0 if decision.plain else emitted)
-        out.append(not decision.plain)
+        plain = decision.plain
+        controller.observe_period(decision, 4, plain_ms if plain else spec_ms,
+                                  1.0 if plain else emitted)  # fmt: skip
+        out.append(not plain)
     return out
+
+
+def serve(controller: Controller, steps: int, spec_ms: float, plain_ms: float, emitted: float):
+    """`serve_varying` for ``steps`` steps whose speculative steps emit ``emitted`` each."""
+    return serve_varying(controller, [emitted] * steps, spec_ms, plain_ms)
 
 
 def test_speculation_that_measures_slower_than_plain_steps_stops():
@@ -258,23 +267,6 @@ def test_speculation_that_measures_faster_goes_on():
     )
     spec = serve(controller, 80, spec_ms=30.0, plain_ms=10.0, emitted=5.0)
     assert sum(spec[-40:]) >= 39, spec  # one plain step in 64 keeps the plain rate measured
-
-
-def serve_varying(controller: Controller, acceptance: list[float]) -> list[bool]:
-    """A step per entry: a speculative step takes 30 ms and emits the entry's tokens per
-    request (what the batch's drafts are worth at that step), a plain step 10 ms and one.
-    Returns whether each step speculated."""
-    state, out = new_acceptance_scale(4, "cpu"), []
-    ids, contexts = torch.arange(4), torch.full((4,), 256)
-    for emitted in acceptance:
-        if controller.drafts_this_step(4):
-            decision = controller.decide(confident_trees(4), contexts, scales(state, ids))
-        else:
-            decision = controller.plain_decision(4, contexts, torch.device("cpu"))
-        plain = decision.plain
-        controller.observe_period(decision, 4, 10.0 if plain else 30.0, 1.0 if plain else emitted)
-        out.append(not plain)
-    return out
 
 
 def test_a_probe_that_passes_by_luck_does_not_start_the_plain_waits_over():
