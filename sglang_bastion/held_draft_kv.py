@@ -3,9 +3,7 @@
 A plain step commits one token per request, and the drafter's KV must hold its features
 before the drafter next reads that request's context. Made one step at a time, that write is
 a drafter pass of B tokens, paid every step of a plain stretch (on a CPU its fixed cost is
-most of the pass). Held, the writes of up to ``limit`` steps go in one pass; a small batch
-holds more steps, until ``min_tokens`` writes are held, since a pass of a few tokens costs
-about what a pass of a hundred does.
+most of the pass). Held, the writes of up to ``limit`` steps go in one pass.
 
 Holding changes no drafter input, because only drafter passes read or write the draft KV
 pool, and the worker makes the held writes before any other drafter pass, in the order they
@@ -21,7 +19,6 @@ from dataclasses import dataclass, field
 import torch
 
 HOLD_STEPS = 16  # plain steps whose draft-KV writes go in one pass
-HOLD_TOKENS = 128  # ... and at least this many writes, where the batch is small
 
 
 @dataclass
@@ -29,12 +26,10 @@ class HeldDraftKv:
     """Draft-KV writes of consecutive plain steps of one batch, in the order they were held."""
 
     limit: int = HOLD_STEPS
-    min_tokens: int = HOLD_TOKENS
     requests: tuple[str, ...] = ()  # the batch the held writes belong to
     features: list[torch.Tensor] = field(default_factory=list)  # [B, F] per step
     cache_loc: list[torch.Tensor] = field(default_factory=list)  # [B] draft-pool slots
     positions: list[torch.Tensor] = field(default_factory=list)  # [B]
-    tokens: int = 0  # writes held, over every step
 
     def __len__(self) -> int:
         """Steps held."""
@@ -48,17 +43,14 @@ class HeldDraftKv:
         self, requests: tuple[str, ...], features: torch.Tensor, cache_loc: torch.Tensor,
         positions: torch.Tensor,
     ) -> bool:  # fmt: skip
-        """Hold one step's writes for ``requests``; True once ``limit`` steps and
-        ``min_tokens`` writes (or as many steps) are held."""
+        """Hold one step's writes for ``requests``; True once ``limit`` steps are held."""
         if not self.belongs_to(requests):
             raise ValueError("held draft-KV writes of another batch must be made first")
         self.requests = requests
         self.features.append(features)
         self.cache_loc.append(cache_loc)
         self.positions.append(positions)
-        self.tokens += len(features)
-        steps = len(self.features)
-        return steps >= self.limit and max(steps, self.tokens) >= self.min_tokens
+        return len(self.features) >= self.limit
 
     def take(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """[T, F] features, [T] slots and [T] positions of every held write, oldest first
@@ -67,7 +59,6 @@ class HeldDraftKv:
             return None
         taken = (torch.cat(self.features), torch.cat(self.cache_loc), torch.cat(self.positions))
         self.features, self.cache_loc, self.positions, self.requests = [], [], [], ()
-        self.tokens = 0
         return taken
 
 

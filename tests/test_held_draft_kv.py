@@ -28,26 +28,9 @@ def test_held_writes_come_out_in_the_order_they_were_held():
 
 
 def test_the_hold_asks_to_be_made_once_its_limit_of_steps_is_held():
-    held = HeldDraftKv(limit=2, min_tokens=4)
+    held = HeldDraftKv(limit=2)
     assert not held.hold(BATCH, *step(1))
     assert held.hold(BATCH, *step(2))
-
-
-def test_a_small_batch_holds_more_steps_until_its_writes_reach_the_token_floor():
-    held = HeldDraftKv(limit=2, min_tokens=6)
-    assert not held.hold(BATCH, *step(1))
-    assert not held.hold(BATCH, *step(2))  # 2 steps, but 4 writes
-    assert held.hold(BATCH, *step(3))
-    held.take()
-    assert held.tokens == 0 and not held.hold(BATCH, *step(4))
-
-
-def test_steps_that_write_nothing_are_made_after_as_many_steps_as_the_token_floor():
-    nothing = torch.empty(0, 3), torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long)
-    held = HeldDraftKv(limit=2, min_tokens=3)
-    assert not held.hold(BATCH, *nothing)
-    assert not held.hold(BATCH, *nothing)
-    assert held.hold(BATCH, *nothing)
 
 
 def test_writes_belong_to_their_batch_and_another_batch_cannot_add_to_them():
