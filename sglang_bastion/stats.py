@@ -24,6 +24,7 @@ class BastionStats:
     steps: int = 0  # decode steps
     plain_steps: int = 0  # decode steps that drafted nothing: every request its root alone
     graph_verifies: int = 0  # decode steps whose tree verify replayed a captured graph
+    decoded_plain_steps: int = 0  # plain steps the target ran as SGLang's decode forward
     ragged_verifies: int = 0  # decode steps whose verify packed each tree unpadded
     sampled_probes: int = 0  # decode steps where only a sample of the requests drafted
     dormant_request_steps: int = 0  # plain request-steps whose drafter context was not written
@@ -129,6 +130,7 @@ class BastionStats:
             "steps": self.steps,
             "plain_steps": self.plain_steps,
             "graph_verifies": self.graph_verifies,
+            "decoded_plain_steps": self.decoded_plain_steps,
             "ragged_verifies": self.ragged_verifies,
             "sampled_probes": self.sampled_probes,
             "dormant_request_steps": self.dormant_request_steps,

@@ -68,6 +68,13 @@ def verify_graphs_unavailable(model_runner: Any) -> str | None:
     return None
 
 
+def decodes_eagerly(model_runner: Any) -> bool:
+    """Whether the target runs a decode forward eagerly: it holds no graph runner that could
+    take a plain decode batch for one of the graphs it captured for verify passes."""
+    graphs = getattr(model_runner, "decode_cuda_graph_runner", None)
+    return graphs is None or graphs is getattr(model_runner, "eager_runner", None)
+
+
 def verify_graph_state_bytes(
     model_runner: Any, widths: Sequence[int], window: int
 ) -> dict[int, int]:

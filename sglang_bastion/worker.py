@@ -34,7 +34,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -107,6 +107,7 @@ from sglang_bastion.tree.warmup import warm_tree_ops
 from sglang_bastion.verify_graphs import (
     TreeVerifyGraphRunner,
     capture_verify_graphs,
+    decodes_eagerly,
     replaying,
     verify_graph_state_bytes,
     verify_graphs_unavailable,
@@ -176,6 +177,10 @@ class BastionWorker(DFlashWorkerV2):
         self.stats = BastionStats(max_accept=self.block_size)
         # The target's tree-verify graphs by width (captured in init_cuda_graphs, if they run).
         self.verify_graphs: dict[int, TreeVerifyGraphRunner] = {}
+        # Whether plain steps run SGLang's decode forward (`_decode_roots`): settled with the
+        # graphs, in init_cuda_graphs.
+        self.decodes_roots = False
+        self._roots_accepted: dict[tuple[int, torch.device], Acceptance] = {}  # by batch size
         self.metrics = None  # SGLang's Prometheus endpoint, under --enable-metrics
         if getattr(self.server_args, "enable_metrics", False) and get_parallel().tp_rank == 0:
             labels = {"model_name": self.server_args.served_model_name, "tp_rank": 0}
@@ -233,6 +238,8 @@ class BastionWorker(DFlashWorkerV2):
         super().init_cuda_graphs()
         widths = self.controller.verify_widths()
         self.capture_tree_verify_graphs(widths)
+        target = self.target_worker.model_runner
+        self.decodes_roots = 1 not in self.verify_graphs and decodes_eagerly(target)
         captured = tuple(sorted(self.verify_graphs))
         if captured and captured != widths and self.controller.mode != "fixed":
             # Widths left eager for memory would run slower than the profile prices them.
@@ -751,25 +758,31 @@ class BastionWorker(DFlashWorkerV2):
         """
         window, prefix, prefix_cpu = step.window, step.prefix, step.prefix_cpu
         bs = len(prefix)
-        tail = 0 if ragged else bs * width * width  # SGLang's padded mask: see verify_inputs
-        verify = verify_inputs(
-            trees, prefix, prefix_cpu, kernels=self.options.kernels, mask_tail=tail
-        )
-        packed = pack_ragged(verify, ragged, prefix_cpu, width) if ragged else None
-        grammar = None
-        if batch.has_grammar:  # the host copy must start before the verify launch
-            grammar = GrammarTree.from_device(
-                verify.retrieve_next_token, verify.retrieve_next_sibling,
-                verify.input_ids.view(bs, width),
+        if width == 1 and self.decodes_roots and not batch.has_grammar:
+            logits_output, hidden = self._decode_roots(batch, trees, step)
+        else:
+            tail = 0 if ragged else bs * width * width  # SGLang's padded mask: verify_inputs
+            verify = verify_inputs(
+                trees, prefix, prefix_cpu, kernels=self.options.kernels, mask_tail=tail
+            )
+            packed = pack_ragged(verify, ragged, prefix_cpu, width) if ragged else None
+            grammar = None
+            if batch.has_grammar:  # the host copy must start before the verify launch
+                grammar = GrammarTree.from_device(
+                    verify.retrieve_next_token, verify.retrieve_next_sibling,
+                    verify.input_ids.view(bs, width),
+                )  # fmt: skip
+            logits_output, hidden = self._verify(
+                batch, verify, window[:, :width], prefix_cpu, width, grammar, trees,
+                step.grammar_barrier, packed,
             )  # fmt: skip
-        logits_output, hidden = self._verify(
-            batch, verify, window[:, :width], prefix_cpu, width, grammar, trees,
-            step.grammar_barrier, packed,
-        )  # fmt: skip
         target_tokens = self._target_tokens(batch, logits_output.next_token_logits, bs, width)
         # The whole window: the drafter's block may exceed W.
         depth, kernels = self.block_size - 1, self.options.kernels
-        accepted = accept(trees, target_tokens, window, max_depth=depth, kernels=kernels)
+        if width == 1:  # roots alone: the same paths every plain step
+            accepted = self._root_acceptance(target_tokens)
+        else:
+            accepted = accept(trees, target_tokens, window, max_depth=depth, kernels=kernels)
         walked = accepted.num_accepted + 1  # [bs]
         if emit_roots:  # the roots' KV is in their slots already
             accepted = accept_roots(target_tokens, depth)
@@ -782,6 +795,14 @@ class BastionWorker(DFlashWorkerV2):
                 accept_index=rows + accepted.path.clamp(min=0),
             )  # fmt: skip
         return Verified(logits_output, hidden, target_tokens, accepted, walked)
+
+    def _root_acceptance(self, target_tokens: torch.Tensor) -> Acceptance:
+        """`accept_roots` of a plain step's [bs, 1] target tokens; its constant paths and KV
+        moves (read, never written) are made once per batch size."""
+        key = (target_tokens.shape[0], target_tokens.device)
+        if (made := self._roots_accepted.get(key)) is None:
+            made = self._roots_accepted[key] = accept_roots(target_tokens, self.block_size - 1)
+        return replace(made, bonus_tokens=target_tokens[:, 0].to(torch.long))
 
     def _verify(
         self, batch: Any, verify: Any, window: torch.Tensor, prefix_cpu: torch.Tensor, width: int,
@@ -858,6 +879,43 @@ class BastionWorker(DFlashWorkerV2):
             mask.apply(logits)
         hidden = logits_output.hidden_states  # consumed before the next target forward
         return logits_output, hidden.view(bs, width, -1)
+
+    def _decode_roots(
+        self, batch: Any, trees: TreeBatch, step: DecodeStep
+    ) -> tuple[Any, torch.Tensor]:
+        """A plain step's target pass: SGLang's decode forward of every root, as the plain
+        server runs it; its logits, processed as ``_verify``'s, and the captured features.
+
+        A root-only tree verify computes the same thing, but SGLang's verify forward and the
+        tree inputs cost more host time than its plain decode (on a CPU, about a tenth of a
+        plain step at one request). Used where the target decodes eagerly: a captured width-1
+        verify graph replays cheaper still, and grammar batches verify their one-node trees.
+        """
+        # SGLang's decode forward reads the batch's fields: a shallow copy takes the roots,
+        # their slots and lengths that count them, the scheduler's batch is left as it came.
+        view = copy.copy(batch)
+        view.forward_mode = ForwardMode.DECODE
+        view.input_ids = trees.token_ids[:, 0]  # [bs]
+        view.out_cache_loc = step.window[:, 0].contiguous()  # [bs]: each root's slot
+        view.seq_lens = step.prefix + 1  # [bs]: the root counted, as SGLang's decode counts it
+        view.seq_lens_cpu = step.prefix_cpu + 1
+        view.seq_lens_sum = int(view.seq_lens_cpu.sum())
+        view.spec_info = None
+        target = self.target_worker.model_runner
+        forward_batch = ForwardBatch.init_new(
+            view, target, capture_hidden_mode=CaptureHiddenMode.FULL,
+            return_hidden_states_before_norm=False,
+        )  # fmt: skip
+        out = self.target_worker.forward_batch_generation(
+            batch=None, forward_batch=forward_batch, is_verify=True
+        )
+        self.stats.decoded_plain_steps += 1
+        logits_output = out.logits_output
+        logits = logits_output.next_token_logits  # [bs, V]
+        if batch.sampling_info is not None:
+            self._process_logits(batch, logits, trees, 1)
+        bs = len(step.prefix)
+        return logits_output, logits_output.hidden_states.view(bs, 1, -1)
 
     def _process_logits(
         self, batch: Any, logits: torch.Tensor, trees: TreeBatch | None, width: int

@@ -156,6 +156,9 @@ def test_sampling_that_accepts_little_falls_back_to_plain_steps(adaptive_url, pl
     steps = after["steps"] - before["steps"]
     assert after["controller"]["learn_acceptance"] is True
     assert after["plain_steps"] - before["plain_steps"] > steps / 2, (before, after)
+    # SGLang's decode forward ran them, as the plain server runs its steps
+    plain = after["plain_steps"] - before["plain_steps"]
+    assert after["decoded_plain_steps"] - before["decoded_plain_steps"] == plain
     # and greedy requests after it still get the plain server's output
     assert complete(adaptive_url, PROMPTS[0], LENGTH) == complete(plain_url, PROMPTS[0], LENGTH)
 

@@ -262,6 +262,8 @@ def test_drafts_after_plain_steps_see_the_plain_steps_tokens_in_the_draft_kv(
     steps, probs, served_ids, served_q = drafted_marginals(plain_url, trace, PROMPTS[1], reply)
     kinds = "".join("d" if s.get("drafted", True) else "p" for s in steps)
     assert "pd" in kinds, kinds  # a drafted step after a plain one
+    # the plain steps ran SGLang's decode forward, whose features the draft KV holds
+    assert bastion_counters(adaptive_url)["decoded_plain_steps"] > 0
     assert (probs.argmax(-1) == served_ids[..., 0]).float().mean() > 0.9
     assert (probs.gather(-1, served_ids) - served_q).abs().max() < 0.1
 
