@@ -785,7 +785,7 @@ class BastionWorker(DFlashWorkerV2):
             accepted = accept(trees, target_tokens, window, max_depth=depth, kernels=kernels)
         walked = accepted.num_accepted + 1  # [bs]
         if emit_roots:  # the roots' KV is in their slots already
-            accepted = accept_roots(target_tokens, depth)
+            accepted = self._root_acceptance(target_tokens)
         elif width > 1:  # a width-1 pass verified the roots alone, already in their slots
             self._keep_accepted_kv(accepted.kv_source, accepted.kv_target)
         if batch.return_logprob:
@@ -797,8 +797,9 @@ class BastionWorker(DFlashWorkerV2):
         return Verified(logits_output, hidden, target_tokens, accepted, walked)
 
     def _root_acceptance(self, target_tokens: torch.Tensor) -> Acceptance:
-        """`accept_roots` of a plain step's [bs, 1] target tokens; its constant paths and KV
-        moves (read, never written) are made once per batch size."""
+        """`accept_roots` of [bs, W] target tokens (a plain step's, or a sampled probe's that
+        emits its roots); its constant paths and KV moves (read, never written) are made once
+        per batch size."""
         key = (target_tokens.shape[0], target_tokens.device)
         if (made := self._roots_accepted.get(key)) is None:
             made = self._roots_accepted[key] = accept_roots(target_tokens, self.block_size - 1)
