@@ -11,12 +11,13 @@ both dtypes (one thread, as the CPU servers run), and writes the medians as a Ma
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+
+from sglang_bastion.budget.identity import cpu_model
 
 # (name, in features, out features) of the shipped pairs (hidden 256, MLP 768, vocab 4096,
 # a drafter reading 3 target layers)
@@ -62,17 +63,6 @@ def table(repeats: int, rounds: int) -> str:
     return "\n".join(lines)
 
 
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo, else the machine type."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
-
 def bf16_flags() -> str:
     """The CPU's bfloat16 instruction flags (avx512_bf16, amx_bf16), or 'none'."""
     try:
@@ -96,7 +86,7 @@ def main() -> None:
         "# One linear layer's pass on this CPU, by rows and dtype\n\n"
         "Command: `OMP_NUM_THREADS=1 python benchmarks/cpu_gemm_rows.py "
         f"--repeats {args.repeats} --rounds {args.rounds}`\n\n"
-        f"Host: {cpu_name()}, torch {torch.__version__}, "
+        f"Host: {cpu_model()}, torch {torch.__version__}, "
         f"one thread; bfloat16 instructions in /proc/cpuinfo: {bf16_flags()}. "
         "Medians of the rounds.\n\n" + body + "\n"
     )
