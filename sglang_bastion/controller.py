@@ -256,9 +256,15 @@ class Controller:
     dormant_backoff: int = 8
     spec_period: dict[int, float] = field(default_factory=dict)  # batch size -> speculative ms
     _sample_passed: bool = field(default=False, repr=False)  # the next probe drafts everyone
-    _probed: bool = field(default=False, repr=False)  # the last probe speculated: judge it next
+    _probed: bool = field(default=False, repr=False)  # a probe speculates: judge it when done
     _wait_loss: float | None = field(default=None, repr=False)  # probes' loss since the last wait
-    _last_spec_rate: float | None = field(default=None, repr=False)
+    # A probe speculates for up to ``probe_steps`` measured steps, until they took
+    # ``probe_time`` plain steps' time, and is judged by what they emitted per ms together:
+    # one step's tokens vary too much (1 to the tree's depth at T=0) to stand for what
+    # speculation yields now, while a probe where trees lose by far stops after one step.
+    probe_steps: int = 4
+    probe_time: float = 8.0
+    _probe: tuple[int, float, float] = field(default=(0, 0.0, 0.0), repr=False)  # steps, tok, ms
     # (the plain wait a passing probe ended, tokens per request, ms) of the speculative steps
     # since (None: no probe resumed speculation): if they lose to plain steps, the next wait
     # doubles that one (the probe was lucky) instead of starting over from one plain step.
@@ -518,21 +524,21 @@ class Controller:
     def _steps_plainly(self, model_plain: bool, batch: int) -> bool:
         """Whether this drafted step verifies roots alone; schedules plain steps and probes.
 
-        Coming back from plain steps, the first drafted step speculates (a probe: what do
-        trees yield now?) and the next one judges it, unless the model prices a plain step
-        higher and speculation has been measured here already (and no sampled probe passed).
+        Coming back from plain steps, drafted steps speculate (a probe: what do trees yield
+        now?) until `_probing` ends, whatever the model prices (only speculative steps
+        measure what trees yield), and the next step judges the probe's steps together.
         Otherwise a step goes plain when the measured rates say a plain step emits more per
         millisecond than a speculative one at this batch size, or, before both are measured,
-        when the model says so. Each plain
-        decision doubles the plain wait, up to ``max_backoff`` or, where probes cost more,
-        up to `_probe_wait`; speculating ends it. Speculation that a probe resumed and that
-        lost by the next plain decision doubles the probe's wait instead (`_wait_plainly`).
+        when the model says so. Each plain decision doubles the plain wait, up to
+        ``max_backoff`` or, where probes cost more, up to `_probe_wait`; speculating ends
+        it. Speculation that a probe resumed and that lost by the next plain decision
+        doubles the probe's wait instead (`_wait_plainly`).
         """
-        waiting, measured = self.backoff > 0, _near(self.spec_rate, batch) is not None
-        # A passed sample is newer evidence than the rates and the other requests' scales.
-        priced_out = model_plain and measured and not self._sample_passed
-        if waiting and not self._probed and not priced_out:
-            self._probed = True
+        waiting = self.backoff > 0
+        if waiting and not self._probed:
+            self._probed, self._probe = True, (0, 0.0, 0.0)
+            return False
+        if self._probing(batch):
             return False
         loses = self._measured_loses(batch, judged=self._probed)
         if not (model_plain if loses is None else loses):
@@ -552,8 +558,8 @@ class Controller:
         step they judge plain would spend its draft pass for nothing (the last probe lost, or
         speculation measures slower than plain steps at this batch size).
         """
-        if self.backoff > 0 and not self._probed:
-            return False  # a probe is due: it drafts
+        if (self.backoff > 0 and not self._probed) or self._probing(batch):
+            return False  # a probe is due or under way: it drafts
         if not self._measured_loses(batch, judged=self._probed):
             return False
         self._wait_plainly(batch)
@@ -593,13 +599,25 @@ class Controller:
         plain = _near(self.plain_rate, batch)
         return ms > 0 and plain is not None and tokens / ms < plain
 
+    def _probing(self, batch: int) -> bool:
+        """Whether a probe speculates and has measured fewer than ``probe_steps`` steps, and
+        less than ``probe_time`` plain steps' time (one step where no plain rate judges it)."""
+        if not self._probed or self.backoff == 0 or not self.measure_overhead:
+            return False
+        steps, _, ms = self._probe
+        plain = _near(self.plain_rate, batch)
+        if steps == 0:
+            return True
+        return plain is not None and steps < self.probe_steps and ms * plain < self.probe_time
+
     def _measured_loses(self, batch: int, judged: bool) -> bool | None:
         """Whether speculation emitted less per ms than plain steps (None: not measured).
 
-        ``judged``: compare the last speculative step alone (the probe), not the average.
+        ``judged``: compare the probe's steps together, not the average of every step.
         """
         plain = _near(self.plain_rate, batch)
-        spec = self._last_spec_rate if judged else _near(self.spec_rate, batch)
+        steps, tokens, ms = self._probe
+        spec = (tokens / ms if steps else None) if judged else _near(self.spec_rate, batch)
         if plain is None or spec is None:
             return None
         return spec < plain
@@ -754,8 +772,10 @@ class Controller:
             if self._resumed is not None:
                 wait, tokens, ms = self._resumed
                 self._resumed = (wait, tokens + emitted, ms + period_ms)
-            self._last_spec_rate = emitted / period_ms
-            self._fold_rate(self.spec_rate, batch, self._last_spec_rate)
+            if self._probing(batch):
+                steps, tokens, ms = self._probe
+                self._probe = (steps + 1, tokens + emitted, ms + period_ms)
+            self._fold_rate(self.spec_rate, batch, emitted / period_ms)
             self._fold_rate(self.spec_period, batch, period_ms)
 
     def observe_cut(self, decision: Decision, batch: int, sampled: float | None) -> None:
