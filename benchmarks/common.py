@@ -18,6 +18,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 if str(ROOT) not in sys.path:  # the trainer and the trained pairs are read from the repository
     sys.path.insert(0, str(ROOT))
 
+from sglang_bastion.budget.identity import cpu_bf16_flags, cpu_model  # noqa: E402
+
 
 def median_us(fn: Callable[[], object], repeats: int = 30, warmup: int = 5) -> float:
     """Median wall time of ``fn()`` in microseconds after a warm-up."""
@@ -33,17 +35,10 @@ def median_us(fn: Callable[[], object], repeats: int = 30, warmup: int = 5) -> f
 
 def machine() -> dict[str, object]:
     """The machine and software a measurement was taken on."""
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "cpu": cpu,
+        "cpu": cpu_model(),
+        "cpu_bf16": cpu_bf16_flags(),  # bfloat16 instructions: the hosts' "AMD EPYC" differ
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "python": platform.python_version(),

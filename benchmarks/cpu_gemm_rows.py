@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_bastion.budget.identity import cpu_model
+from sglang_bastion.budget.identity import cpu_bf16_flags, cpu_model
 
 # (name, in features, out features) of the shipped pairs (hidden 256, MLP 768, vocab 4096,
 # a drafter reading 3 target layers)
@@ -63,16 +63,6 @@ def table(repeats: int, rounds: int) -> str:
     return "\n".join(lines)
 
 
-def bf16_flags() -> str:
-    """The CPU's bfloat16 instruction flags (avx512_bf16, amx_bf16), or 'none'."""
-    try:
-        words = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return "unknown"
-    found = sorted({w for w in words if w in ("avx512_bf16", "amx_bf16", "avx_ne_convert")})
-    return ", ".join(found) or "none"
-
-
 def main() -> None:
     """Time the shapes and print (or write) the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -87,7 +77,7 @@ def main() -> None:
         "Command: `OMP_NUM_THREADS=1 python benchmarks/cpu_gemm_rows.py "
         f"--repeats {args.repeats} --rounds {args.rounds}`\n\n"
         f"Host: {cpu_model()}, torch {torch.__version__}, "
-        f"one thread; bfloat16 instructions in /proc/cpuinfo: {bf16_flags()}. "
+        f"one thread; bfloat16 instructions in /proc/cpuinfo: {cpu_bf16_flags()}. "
         "Medians of the rounds.\n\n" + body + "\n"
     )
     print(text)

@@ -170,7 +170,8 @@ def write_reports(store: ResultStore, methods: list[str], title: str) -> str:
     notes = [
         f"Command: `{machine.get('command', '')}`",
         "",
-        f"Machine: {machine.get('hardware')} ({machine.get('cpu')}), torch {machine.get('torch')}, "
+        f"Machine: {machine.get('hardware')} ({machine.get('cpu')}; bfloat16 instructions: "
+        f"{machine.get('cpu_bf16', 'not recorded')}), torch {machine.get('torch')}, "
         f"{machine.get('date')}",
         "",
         f"Model: `{cfg['model']}`, drafter: `{cfg['drafter']}`; workload: {cfg['dataset']} "

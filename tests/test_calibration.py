@@ -223,3 +223,12 @@ def test_aux_and_decode_tables_average_over_contexts_per_batch_size():
     measured.aux[1, 512].append(1.5)
     measured.aux[4, 64].append(2.0)
     assert measured.t_aux_table() == [(1, 1.0), (4, 2.0)]
+
+
+def test_cpu_bf16_flags_name_the_bfloat16_instructions_the_cpu_has():
+    flags = "processor : 0\nflags : fpu sse2 avx512f avx512_bf16 amx_tile amx_bf16\n"
+    assert identity.cpu_bf16_flags(flags) == "amx_bf16, avx512_bf16"
+
+
+def test_cpu_bf16_flags_say_none_for_a_cpu_without_them():
+    assert identity.cpu_bf16_flags("flags : fpu sse2 avx2 avx512f\n") == "none"

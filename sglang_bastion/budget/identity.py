@@ -115,3 +115,17 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+BF16_FLAGS = ("amx_bf16", "avx512_bf16", "avx_ne_convert")  # x86 bfloat16 instruction flags
+
+
+def cpu_bf16_flags(cpuinfo: str | None = None) -> str:
+    """The CPU's bfloat16 instruction flags in ``cpuinfo`` (default /proc/cpuinfo), or 'none'."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "unknown"
+    words = set(cpuinfo.split())
+    return ", ".join(flag for flag in BF16_FLAGS if flag in words) or "none"
