@@ -20,6 +20,8 @@ import torch
 
 from sglang_bastion.budget.profile import ModelRef, ProfileIdentity
 
+BF16_FLAGS = ("amx_bf16", "avx512_bf16", "avx_ne_convert")  # x86 bfloat16 instruction flags
+
 
 def dtype_name(dtype: torch.dtype | str) -> str:
     """'bfloat16' for torch.bfloat16 (and for the string 'bfloat16')."""
@@ -115,9 +117,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
-
-
-BF16_FLAGS = ("amx_bf16", "avx512_bf16", "avx_ne_convert")  # x86 bfloat16 instruction flags
 
 
 def cpu_bf16_flags(cpuinfo: str | None = None) -> str:
