@@ -47,13 +47,16 @@ class AcceptanceScale:
     realised: torch.Tensor  # [P] float32
     pool_predicted: torch.Tensor  # [2] float32: per kind (GREEDY, SAMPLED)
     pool_realised: torch.Tensor  # [2] float32
-    decay: float = 0.7  # weight of a request's past per new step (about 3 steps of memory)
+    # weight of a request's past per new step (about 10 steps of memory): a greedy step accepts
+    # anything from none to the tree's depth, and a shorter memory shrinks a request's trees,
+    # or stops them, on one or two poor steps
+    decay: float = 0.9
     pool_decay: float = 0.9  # the pools see a whole batch per step
     prior: float = 2.0  # predicted drafts a new request's estimate starts with
 
 
 def new_acceptance_scale(
-    slots: int, device: torch.device | str, decay: float = 0.7, prior: float = 2.0
+    slots: int, device: torch.device | str, decay: float = 0.9, prior: float = 2.0
 ) -> AcceptanceScale:
     """A fresh calibration for ``slots`` request slots: it trusts A_hat until it observes."""
     if not 0 < decay < 1:

@@ -44,9 +44,13 @@ larger tree as a larger share of the step than it is, and the controller undersh
 server also keeps that overhead per verify width (``width_overheads``): a profile can misprice
 how the cycle grows with the width (on a CPU host it priced a 16-node step of the block-16
 pair 13 ms above an 8-node one, and the two cost the same), and each width's measured
-overhead corrects its price. At a batch of at most ``probe_rows`` requests, every
-``explore_every``-th speculative step verifies one ladder width wider than chosen, so a width
-the profile overprices is measured and then taken.
+overhead corrects its price. A width's overhead starts from its batch size's and moves by
+``ema_alpha`` per sample, and a sample counts at most 1.5 times the width's priced cycle: a
+width seldom verified is priced by few samples, and one slow first pass or stall would
+otherwise price it out for good. At a batch of at most ``probe_rows`` requests, every
+``explore_every``-th speculative step verifies the ladder width next to the chosen one, wider
+and narrower in turn, so a width the profile overprices is measured and then taken, and the
+widths beside the chosen one stay measured (at the widest width, the narrower alone).
 
 With ``learn_acceptance`` (the server's default in the adaptive modes) the worker hands each
 step its requests' acceptance calibration (``acceptance_scale``): trees are priced by A_cal,
@@ -218,11 +222,13 @@ class Controller:
     # (batch size -> ladder width -> EMA, ms): the profile may misprice how the cycle grows
     # with the width, and the overhead measured at each width corrects it there. Every
     # ``explore_every`` speculative steps at a batch of at most ``probe_rows`` verifies the
-    # next wider ladder width, so that widths the profile overprices get measured too.
+    # ladder width next to the chosen one (wider and narrower in turn), so that widths the
+    # profile overprices, and those beside the chosen one, get measured too.
     width_overheads: bool = False
     width_overhead_ms: dict[int, dict[int, float]] = field(default_factory=dict)
     explore_every: int = 16
     _since_explore: int = field(default=0, repr=False)
+    _explored_wider: bool = field(default=False, repr=False)  # the last exploration's side
     _ladder: list[int] = field(default_factory=list, repr=False)  # [N] ladder width holding n
     _verify_cache: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)
     _seen_shapes: set[tuple[int, int]] = field(default_factory=set, repr=False)  # (B, W) timed
@@ -239,7 +245,9 @@ class Controller:
     max_backoff: int = 64
     plain_left: int = 0  # plain steps still to run before the next drafted probe
     backoff: int = 0  # plain steps the last probe that chose plain scheduled
-    rate_alpha: float = 0.3  # EMA weight of the newest measured rate
+    # EMA weight of the newest measured rate: one greedy step emits 1 to the tree's depth, so a
+    # heavier weight lets a few poor steps in a row price speculation below plain steps
+    rate_alpha: float = 0.1
     plain_every: int = 64  # speculative steps between two plain steps that measure plain rate
     spec_rate: dict[int, float] = field(default_factory=dict)  # batch size -> tokens/request/ms
     plain_rate: dict[int, float] = field(default_factory=dict)  # the same, plain steps
@@ -441,9 +449,13 @@ class Controller:
                 parts.append(trees.num_nodes.to(sizes))
             host = torch.cat(parts).tolist()  # the one host read
             ragged, model_plain = tuple(host[:batch]), bool(host[batch])
-            if explore and (wider := self._wider(ragged)):
-                ragged = tuple(min(n, wider) for n in host[batch + 1 :])
-                sizes = trees.num_nodes.clamp(max=wider)
+            if explore and (other := self._neighbour(self._ladder[max(ragged) - 1])):
+                if other > max(ragged):  # every tree up to the wider width
+                    ragged = tuple(min(n, other) for n in host[batch + 1 :])
+                    sizes = trees.num_nodes.clamp(max=other)
+                else:  # the chosen sizes, cut to the narrower width
+                    ragged = tuple(min(n, other) for n in ragged)
+                    sizes = sizes.clamp(max=other)
             width = next((w for w in self.widths if w >= max(ragged)), self.widths[-1])
             if width < max(ragged):  # the widths stop short of N
                 ragged = tuple(min(n, width) for n in ragged)
@@ -469,7 +481,7 @@ class Controller:
             else:
                 width = read_width(uniform_width(trees, priced, allowed, accepted))
             if explore:
-                width = next((w for w in self.widths if w > width), width)
+                width = self._neighbour(width) or width
             sizes = trees.num_nodes.clamp(max=width)
         probe = learning and self.backoff > 0
         sampled = sample is not None
@@ -504,7 +516,7 @@ class Controller:
         return torch.tensor([measured.get(w, fallback) for w in self._ladder], dtype=torch.float64)
 
     def _explore_due(self, batch: int, sample: slice | torch.Tensor | None) -> bool:
-        """Whether this drafted step verifies one ladder width wider than it would (see
+        """Whether this drafted step verifies the ladder width next to the one it would (see
         ``width_overheads``); counts the steps since the last one."""
         if not self.width_overheads or self.explore_every <= 0 or sample is not None:
             return False
@@ -516,10 +528,15 @@ class Controller:
         self._since_explore = 0
         return True
 
-    def _wider(self, ragged: tuple[int, ...]) -> int | None:
-        """The ladder width after the one holding the largest of ``ragged`` (None: none)."""
-        holding = self._ladder[max(ragged) - 1]
-        return next((w for w in self.widths if w > holding), None)
+    def _neighbour(self, width: int) -> int | None:
+        """The ladder width an exploration from ``width`` verifies: the next wider and the next
+        narrower in turn, the other where one side has none (None: neither). Never narrower
+        than 2: a width of 1 verifies no draft, and prices the draft pass for nothing."""
+        wider = next((w for w in self.widths if w > width), None)
+        narrower = next((w for w in reversed(self.widths) if 2 <= w < width), None)
+        self._explored_wider = not self._explored_wider
+        first, other = (wider, narrower) if self._explored_wider else (narrower, wider)
+        return first if first is not None else other
 
     def _steps_plainly(self, model_plain: bool, batch: int) -> bool:
         """Whether this drafted step verifies roots alone; schedules plain steps and probes.
@@ -531,8 +548,9 @@ class Controller:
         millisecond than a speculative one at this batch size, or, before both are measured,
         when the model says so. Each plain decision doubles the plain wait, up to
         ``max_backoff`` or, where probes cost more, up to `_probe_wait`; speculating ends
-        it. Speculation that a probe resumed and that lost by the next plain decision
-        doubles the probe's wait instead (`_wait_plainly`).
+        it, and the probe's measured rate replaces the speculative rate from before the wait.
+        Speculation that a probe resumed and that lost by the next plain decision doubles the
+        probe's wait instead (`_wait_plainly`).
         """
         waiting = self.backoff > 0
         if waiting and not self._probed:
@@ -544,6 +562,9 @@ class Controller:
         if not (model_plain if loses is None else loses):
             if waiting:  # a probe passed: speculation resumes, and is judged as it goes
                 self._resumed = (self.backoff, 0.0, 0.0)
+                steps, tokens, ms = self._probe
+                if steps and ms > 0:  # from what the probe measured, not the rate before it
+                    self.spec_rate[batch] = tokens / ms
             self.backoff, self._probed, self._plain_kinds = 0, False, frozenset()
             self._sample_passed = False
             return False
@@ -761,10 +782,11 @@ class Controller:
         table[batch] = sample if old is None else old + self.ema_alpha * (sample - old)
         if decision.overhead_width:  # a speculative step: its width's overhead too
             widths = self.width_overhead_ms.setdefault(batch, {})
-            was = widths.get(decision.overhead_width)
-            widths[decision.overhead_width] = (
-                sample if was is None else was + self.ema_alpha * (sample - was)
-            )  # fmt: skip
+            # a new width starts from the batch size's overhead; a sample counts at most 1.5
+            # times the width's priced cycle (a stall, a first pass)
+            was = widths.get(decision.overhead_width, sample if old is None else old)
+            capped = min(sample, 1.5 * decision.predicted_cycle_ms - model_cycle)
+            widths[decision.overhead_width] = was + self.ema_alpha * (capped - was)
         self._count_probe_loss(decision, batch, period_ms, emitted)
         if not decision.drafted:
             self._fold_rate(self.plain_rate, batch, 1.0 / period_ms)

@@ -758,6 +758,8 @@ class BastionWorker(DFlashWorkerV2):
         """
         window, prefix, prefix_cpu = step.window, step.prefix, step.prefix_cpu
         bs = len(prefix)
+        if ragged is not None and sum(ragged) == bs * width:  # nothing to pack: W each
+            ragged = None
         if width == 1 and self.decodes_roots and not batch.has_grammar:
             logits_output, hidden = self._decode_roots(batch, trees, step)
         else:

@@ -96,6 +96,15 @@ def test_a_root_only_step_is_judged_at_depth_one():
     assert torch.allclose(predicted, mass.float()) and realised.tolist() == [1.0, 0.0]
 
 
+def test_one_step_that_accepts_nothing_leaves_a_request_most_of_its_calibration():
+    # a greedy step accepts anything from none to the tree's depth: one poor step is luck
+    state, kinds = new_acceptance_scale(1, "cpu"), torch.tensor([GREEDY])
+    for _ in range(20):
+        observe(state, slots(0), kinds, torch.tensor([4.0]), torch.tensor([4.0]))
+    observe(state, slots(0), kinds, torch.tensor([4.0]), torch.tensor([0.0]))
+    assert float(scales(state, slots(0))[0]) >= 0.85
+
+
 def test_a_new_request_starts_from_what_its_kind_was_accepted():
     state = new_acceptance_scale(8, "cpu")
     kinds = torch.tensor([SAMPLED, SAMPLED, GREEDY])
@@ -268,6 +277,17 @@ def test_speculation_that_measures_faster_goes_on():
     )
     spec = serve(controller, 80, spec_ms=30.0, plain_ms=10.0, emitted=5.0)
     assert sum(spec[-40:]) >= 39, spec  # one plain step in 64 keeps the plain rate measured
+
+
+def test_speculation_that_pays_twice_over_survives_three_poor_steps_in_a_row():
+    # greedy steps emit anything from one token to the tree's depth: a short run of poor
+    # steps is luck, not a change in what speculation yields
+    controller = Controller(
+        "static", 64, "uniform", model(), learn_acceptance=True, measure_overhead=True
+    )
+    assert sum(serve(controller, 200, spec_ms=30.0, plain_ms=10.0, emitted=6.0)[-40:]) >= 39
+    serve_varying(controller, [1.0, 1.0, 1.0, 6.0, 6.0], spec_ms=30.0, plain_ms=10.0)
+    assert controller.backoff == 0  # no plain wait began
 
 
 def test_a_probe_that_passes_by_luck_does_not_start_the_plain_waits_over():

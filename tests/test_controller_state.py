@@ -275,6 +275,53 @@ def test_each_width_keeps_its_own_measured_overhead():
     assert budget.overhead_ms == {1: pytest.approx(3.0)}  # and the batch size's, for the rest
 
 
+def width_priced(layout: str = "uniform", **kwargs: float) -> Controller:
+    """A controller that keeps per-width overheads at batch 1, over a ladder up to 16."""
+    return Controller(
+        "static", 16, layout, model(), packs_ragged=True, measure_overhead=True,
+        width_overheads=True, **kwargs,
+    )  # fmt: skip
+
+
+def test_a_width_first_measured_starts_from_its_batch_sizes_overhead():
+    # a width seldom verified is priced by few samples: its first one, perhaps a slow first
+    # pass, moves it from the batch size's overhead by ema_alpha, no further
+    budget = width_priced()
+    budget.overhead_ms[1] = 2.0
+    decision = budget.decide(trees(1, 16), torch.full((1,), 128))
+    model_cycle = decision.predicted_cycle_ms - decision.overhead_ms
+    budget.observe_period(decision, 1, model_cycle + 5.0)
+    assert budget.width_overhead_ms[1][decision.width] == pytest.approx(2.0 + 0.1 * 3.0)
+
+
+def test_a_stalled_period_counts_at_most_half_again_its_widths_priced_cycle():
+    budget = width_priced(ema_alpha=1.0)
+    budget.overhead_ms[1] = 2.0
+    budget.width_overhead_ms[1] = {w: 2.0 for w in budget.widths}
+    decision = budget.decide(trees(1, 16), torch.full((1,), 128))
+    priced = decision.predicted_cycle_ms
+    budget.observe_period(decision, 1, 3.0 * priced)  # under the batch size's 4x stall bound
+    assert budget.overhead_ms[1] == pytest.approx(3.0 * priced - (priced - 2.0))
+    capped = 1.5 * priced - (priced - 2.0)
+    assert budget.width_overhead_ms[1][decision.width] == pytest.approx(capped)
+
+
+@pytest.mark.parametrize("layout", ["uniform", "global"])
+def test_explorations_verify_the_wider_and_the_narrower_width_in_turn(layout):
+    budget = width_priced(layout, explore_every=2)
+    budget.width_overhead_ms[1] = {w: 0.0 if w == 8 else 1000.0 for w in budget.widths}
+    tree, context = trees(1, 16), torch.full((1,), 128)
+    widths = [budget.decide(tree, context).width for _ in range(6)]
+    assert widths == [8, 12, 8, 4, 8, 12]
+
+
+def test_at_the_widest_width_every_exploration_verifies_the_narrower():
+    budget = width_priced(explore_every=2)
+    budget.width_overhead_ms[1] = {w: 0.0 if w == 16 else 1000.0 for w in budget.widths}
+    tree, context = trees(1, 16), torch.full((1,), 128)
+    assert [budget.decide(tree, context).width for _ in range(4)] == [16, 12, 16, 12]
+
+
 @pytest.mark.parametrize(("batch", "on"), [(8, True), (1, False)])
 def test_no_width_is_explored_at_a_batch_above_the_sample_or_with_width_overheads_off(batch, on):
     budget = Controller(
