@@ -56,7 +56,10 @@ class AcceptanceScale:
 
 
 def new_acceptance_scale(
-    slots: int, device: torch.device | str, decay: float = 0.9, prior: float = 2.0
+    slots: int,
+    device: torch.device | str,
+    decay: float = AcceptanceScale.decay,
+    prior: float = AcceptanceScale.prior,
 ) -> AcceptanceScale:
     """A fresh calibration for ``slots`` request slots: it trusts A_hat until it observes."""
     if not 0 < decay < 1:
