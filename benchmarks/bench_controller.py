@@ -1,25 +1,66 @@
 """Overhead of one budget-controller decision per policy, on CPU, at B=64 and N_max=256.
 
+Also the decision as the server makes it (`Controller.decide`: the batch-global layout packed
+ragged, calibrated acceptance, measured per-width overheads and rates), priced by the block-16
+pair's float32 CPU profile at N_max=32, the adaptive width of the never-slower sweeps.
+
 python benchmarks/bench_controller.py [--quick] [--output-json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from functools import partial
 from pathlib import Path
 
 import torch
 from common import markdown_table, median_us, write_results
 
-from sglang_bastion.controller import fixed_sizes, per_request_sizes, uniform_width
+from sglang_bastion.budget import LatencyModel, ModelShape, load_profile
+from sglang_bastion.controller import Controller, fixed_sizes, per_request_sizes, uniform_width
 from sglang_bastion.tree import build_trees
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = ROOT / "calibration" / "profiles" / "pair-b16-cpu-fp32.json"
+TARGET_CONFIG = ROOT / "training" / "pair-b16" / "target" / "config.json"
 
 
 def convex_cost(length: int) -> torch.Tensor:
     """[length] a convex increasing cycle cost in ms for 1..length tokens."""
     n = torch.arange(1, length + 1, dtype=torch.float64)
     return 8.0 + 0.02 * n + 1e-4 * n**2
+
+
+def server_controller(batch: int, max_nodes: int) -> Controller:
+    """The server's default adaptive controller after it measured overheads and rates."""
+    shape = ModelShape.from_hf_config(json.loads(TARGET_CONFIG.read_text()))
+    model = LatencyModel.from_profile(load_profile(PROFILE), shape)
+    budget = Controller(
+        "ema", max_nodes, "global", model, packs_ragged=True, measure_overhead=True,
+        learn_acceptance=True, width_overheads=True,
+    )  # fmt: skip
+    budget.gamma[batch] = 1.1
+    budget.overhead_ms[batch], budget.plain_overhead_ms[batch] = 3.0, 2.0
+    budget.width_overhead_ms[batch] = {w: 3.0 + 0.1 * w for w in budget.widths}
+    budget.spec_rate[batch], budget.plain_rate[batch], budget.spec_period[batch] = 0.2, 0.1, 20.0
+    return budget
+
+
+def server_rows(batches: list[int], repeats: int, max_nodes: int = 32) -> list[dict]:
+    """One row per batch size: `Controller.decide` as a speculating server calls it."""
+    rows = []
+    for batch in batches:
+        probs = torch.softmax(2 * torch.randn(batch, 15, 300), dim=-1)
+        trees = build_trees(
+            probs, torch.zeros(batch, dtype=torch.long), top_k=8, max_nodes=max_nodes
+        )  # fmt: skip
+        contexts, scale = torch.full((batch,), 300), torch.ones(batch)  # [B], [B]
+        budget = server_controller(batch, max_nodes)
+        us = median_us(partial(budget.decide, trees, contexts, scale), repeats=repeats)
+        policy = "server (global, calibrated)"
+        rows.append({"B": batch, "N_max": max_nodes, "policy": policy, "median_us": us})
+    return rows
 
 
 def main() -> None:
@@ -48,6 +89,7 @@ def main() -> None:
         for policy, (decide, decide_args) in policies.items():
             us = median_us(partial(decide, *decide_args), repeats=repeats)
             rows.append({"B": batch, "N_max": nodes, "policy": policy, "median_us": us})
+    rows += server_rows([16] if args.quick else [1, 16, 64], 20 if args.quick else 200)
     columns = ["B", "N_max", "policy", "median_us"]
     print(markdown_table(rows, columns))
     if not args.quick or args.output_json:

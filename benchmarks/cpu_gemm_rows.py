@@ -71,18 +71,26 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the Markdown here too")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    body = table(args.repeats, args.rounds)
+    report(
+        "One linear layer's pass on this CPU, by rows and dtype",
+        f"cpu_gemm_rows.py --repeats {args.repeats} --rounds {args.rounds}",
+        "Medians of the rounds.",
+        table(args.repeats, args.rounds),
+        args.out,
+    )
+
+
+def report(title: str, command: str, note: str, body: str, out: Path | None) -> None:
+    """Print a result table under its title, command and host, and write it to ``out``."""
     text = (
-        "# One linear layer's pass on this CPU, by rows and dtype\n\n"
-        "Command: `OMP_NUM_THREADS=1 python benchmarks/cpu_gemm_rows.py "
-        f"--repeats {args.repeats} --rounds {args.rounds}`\n\n"
-        f"Host: {cpu_model()}, torch {torch.__version__}, "
-        f"one thread; bfloat16 instructions in /proc/cpuinfo: {cpu_bf16_flags()}. "
-        "Medians of the rounds.\n\n" + body + "\n"
+        f"# {title}\n\n"
+        f"Command: `OMP_NUM_THREADS=1 python benchmarks/{command}`\n\n"
+        f"Host: {cpu_model()}, torch {torch.__version__}, one thread; bfloat16 instructions "
+        f"in /proc/cpuinfo: {cpu_bf16_flags()}. {note}\n\n{body}\n"
     )
     print(text)
-    if args.out is not None:
-        args.out.write_text(text)
+    if out is not None:
+        out.write_text(text)
 
 
 if __name__ == "__main__":

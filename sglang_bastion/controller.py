@@ -27,9 +27,10 @@ tokens per request of the one target pass). Modes:
   - layout ``global`` (the server's default): one best-first expansion over every request's
     nodes, priced by the cycle of the batch's total verify tokens (`global_sizes`); each
     request verifies its own size and the pass packs them unpadded, where the attention
-    backend verifies ragged (``bastion_cpu``). On a backend that pads (Triton, FlashInfer)
-    every tree is free up to the widest, so the global optimum there is the uniform width,
-    and the layout decides as ``uniform`` does.
+    backend verifies ragged (``bastion_cpu``); the batch's total comes from a fixed ladder
+    (`packed_totals`), so the packed passes have few distinct shapes. On a backend that
+    pads (Triton, FlashInfer) every tree is free up to the widest, so the global optimum
+    there is the uniform width, and the layout decides as ``uniform`` does.
   The ema modes scale the verify prediction by gamma, the EMA of observed / predicted verify
   time, one per batch size (a batch size not yet observed takes the nearest one's): how much
   slower the served pass runs than predicted depends on the batch (on a shared CPU, the
@@ -75,7 +76,12 @@ import torch
 
 from sglang_bastion.acceptance_scale import calibrated_surrogate
 from sglang_bastion.budget import LatencyModel, ModelShape, ema_update, load_profile
-from sglang_bastion.budget.global_budget import global_sizes, total_tokens
+from sglang_bastion.budget.global_budget import (
+    allowed_totals,
+    global_sizes,
+    packed_totals,
+    total_tokens,
+)
 from sglang_bastion.budget.identity import device_name, worker_identity
 from sglang_bastion.late_read import to_device
 from sglang_bastion.options import BastionOptions
@@ -441,7 +447,8 @@ class Controller:
         ragged = total = None  # a packed pass: each request's size, priced by all its tokens
         if self.layout == "global" and self.packs_ragged:
             total = self._total_cost(batch, context, overhead, trees.max_nodes, device, widened)
-            sizes, goodput = global_sizes(accepted, num_nodes, total)
+            allowed = self._allowed_totals(batch, trees.max_nodes, device)  # [B*N]
+            sizes, goodput = global_sizes(accepted, num_nodes, total, allowed)
             sizes = torch.minimum(sizes, trees.num_nodes)  # a sampled probe's others: roots
             loses = goodput <= batch / plain_ms if learning else goodput.new_zeros(())
             parts = [sizes, loses.view(1).to(sizes)]
@@ -460,6 +467,8 @@ class Controller:
             if width < max(ragged):  # the widths stop short of N
                 ragged = tuple(min(n, width) for n in ragged)
                 sizes = sizes.clamp(max=width)
+            if explore and sum(ragged) not in packed_totals(batch * self.max_nodes):
+                ragged = None  # an exploration off the totals' ladder: padded to the width
         elif self.layout == "ragged":
             priced = self._priced(cost, device, batch, context, overhead, widened)
             sizes = per_request_sizes(trees, priced, self.model.ar_ms(batch), accepted)
@@ -729,11 +738,20 @@ class Controller:
             per_request = total_tokens(batch, nodes)  # [B*N]: T / B
             price = self.model.verify_price_ms(batch, per_request, bucket, self.mode)
             verify = self._device_cache.setdefault(key, price.to(device))
-        total = (self.model.aux_ms(batch) + overhead) + self.gamma_at(batch) * verify
         if widened is None:
-            return total
-        width = torch.arange(batch * nodes) // batch  # [B*N]: ceil(T / B) - 1
-        return total + to_device(widened[width] - overhead, device)
+            return (self.model.aux_ms(batch) + overhead) + self.gamma_at(batch) * verify
+        per_total = to_device(widened.repeat_interleave(batch), device)  # [B*N]: ceil(T / B)
+        return (self.model.aux_ms(batch) + self.gamma_at(batch) * verify) + per_total
+
+    def _allowed_totals(self, batch: int, nodes: int, device: torch.device) -> torch.Tensor:
+        """[B*N] bool `allowed_totals` on ``device``, made once per batch size."""
+        key = ("allowed", batch, nodes, str(device))
+        allowed = self._device_cache.get(key)
+        if allowed is None:
+            if len(self._device_cache) >= 4096:
+                self._device_cache.clear()
+            allowed = self._device_cache.setdefault(key, allowed_totals(batch, nodes).to(device))
+        return allowed
 
     def _widths_on(self, device: torch.device) -> torch.Tensor:
         """[widths] the allowed verify widths as a tensor on ``device``, copied once."""

@@ -10,6 +10,7 @@ from helpers import random_marginals
 
 from sglang_bastion import controller
 from sglang_bastion.budget import Calibration, Hardware, LatencyModel, ModelShape
+from sglang_bastion.budget.global_budget import packed_totals
 from sglang_bastion.controller import Controller, width_ladder
 from sglang_bastion.tree import TreeBatch, build_trees
 
@@ -387,3 +388,21 @@ def test_where_the_verify_pads_the_global_layout_decides_as_uniform():
     uniform = Controller("static", 16, "uniform", model()).decide(tree, context)
     assert padded.ragged is None
     assert (padded.width, padded.sizes.tolist()) == (uniform.width, uniform.sizes.tolist())
+
+
+@pytest.mark.parametrize("explore_every", [0, 1])
+@pytest.mark.parametrize("batch", [3, 5, 11, 24])
+def test_a_packed_pass_takes_its_token_count_from_the_totals_ladder(batch, explore_every):
+    # every distinct pass shape compiles once on a CPU; an exploration off the ladder pads
+    budget = Controller(
+        "static", 32, "global", model(), packs_ragged=True, measure_overhead=True,
+        width_overheads=True, explore_every=explore_every,
+    )  # fmt: skip
+    budget.width_overhead_ms[batch] = {w: 0.0 for w in budget.widths}
+    ladder = packed_totals(batch * 32)
+    for seed in range(8):
+        decision = budget.decide(trees(batch, 32, seed), torch.full((batch,), 256))
+        if decision.ragged is None:
+            assert explore_every and decision.width in budget.widths
+        else:
+            assert sum(decision.ragged) == batch or sum(decision.ragged) in ladder

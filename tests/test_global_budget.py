@@ -8,7 +8,12 @@ import pytest
 import torch
 from helpers import random_marginals
 
-from sglang_bastion.budget.global_budget import global_sizes, total_tokens
+from sglang_bastion.budget.global_budget import (
+    allowed_totals,
+    global_sizes,
+    packed_totals,
+    total_tokens,
+)
 from sglang_bastion.tree import build_trees
 
 
@@ -41,10 +46,11 @@ def goodput_of(accepted, sizes, cost):
     return float(emitted / cost[int(sizes.sum()) - 1])
 
 
+@pytest.mark.parametrize("batch", [1, 3])  # one request takes its own order, unsorted
 @pytest.mark.parametrize("seed", range(40))
-def test_the_greedy_split_is_the_brute_force_optimum(seed):
+def test_the_greedy_split_is_the_brute_force_optimum(seed, batch):
     gen = torch.Generator().manual_seed(seed)
-    batch, nodes = 3, 5
+    nodes = 5
     accepted = concave_acceptance(batch, nodes, gen)
     num_nodes = torch.randint(1, nodes + 1, (batch,), generator=gen)
     cost = convex_cost(batch, nodes, gen)
@@ -102,3 +108,42 @@ def test_the_cost_must_price_every_total():
 
 def test_total_tokens_are_spread_over_the_batch():
     assert total_tokens(2, 3).tolist() == [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+
+
+def brute_force_over(accepted, num_nodes, cost, allowed):
+    """The best goodput over every split whose total is allowed."""
+    best = float("-inf")
+    for sizes in itertools.product(*(range(1, int(n) + 1) for n in num_nodes)):
+        if allowed[sum(sizes) - 1]:
+            emitted = sum(float(accepted[r, n - 1]) for r, n in enumerate(sizes))
+            best = max(best, emitted / float(cost[sum(sizes) - 1]))
+    return best
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("seed", range(12))
+def test_on_the_totals_ladder_the_split_is_the_best_over_allowed_totals(seed, batch):
+    gen = torch.Generator().manual_seed(seed)
+    nodes = 8  # B*N = 32: totals 17, 19, 21, 23, 25-27, 29-31 are off the ladder at B = 4
+    accepted = concave_acceptance(batch, nodes, gen)
+    num_nodes = torch.randint(1, nodes + 1, (batch,), generator=gen)
+    cost = convex_cost(batch, nodes, gen)
+    allowed = allowed_totals(batch, nodes)
+    sizes, goodput = global_sizes(accepted, num_nodes, cost, allowed)
+    assert bool(allowed[int(sizes.sum()) - 1])
+    best = brute_force_over(accepted, num_nodes, cost, allowed)
+    assert float(goodput) == pytest.approx(best, rel=1e-12)
+    assert goodput_of(accepted, sizes, cost) == pytest.approx(best, rel=1e-12)
+
+
+def test_the_totals_ladder_steps_by_at_most_an_eighth_and_stays_short():
+    ladder = sorted(packed_totals(4096))
+    assert ladder[:16] == list(range(1, 17))
+    above = ladder[15:]  # from 16 on
+    assert all(b / a <= 1.125 for a, b in itertools.pairwise(above))
+    assert len(ladder) <= 16 + 8 * 8  # a few dozen pass shapes up to 4096 tokens
+
+
+def test_a_batch_of_roots_alone_is_always_an_allowed_total():
+    assert bool(allowed_totals(17, 32)[17 - 1])  # 17 is off the ladder
+    assert not bool(allowed_totals(16, 32)[17 - 1])

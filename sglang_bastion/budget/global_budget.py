@@ -11,29 +11,64 @@ with C(T) the predicted cycle of a verify pass over T tokens in all. For a fixed
 T - B gains are the largest total acceptance any split of T tokens over the requests reaches
 when each request's gains are non-increasing (A concave, as best-first order makes it): that
 is exchange-argument optimal, and every T is tried, so the chosen sizes maximise G / C over
-every split of every total (`tests/test_global_budget.py` checks it by brute force). A
+every split of every total allowed (`tests/test_global_budget.py` checks it by brute force). A
 request whose gains are all below what the batch's last chosen token earns gets its root
 alone: no speculation for it this step; T = B is the whole batch decoding plainly.
 
 It pays only where the verify pass is ragged (each request's rows packed, no padding): a
 padded pass costs C(B * max size), so there every request's tree is free up to the widest,
 and the batch-global optimum is `uniform_width`'s one width for all.
+
+T comes from a fixed ladder of totals (`packed_totals`: every T up to 16, then steps of at
+most 1/8), or is B (every request its root). Every pass shape a server meets costs once: on a
+CPU whose matmuls are JIT-compiled per shape (oneDNN's bfloat16 kernels on AMX and
+AVX512-BF16 hosts), a linear layer's first pass at a row count costs several times the next
+(`benchmarks/results/cpu_gemm_first_pass.md`), and a free T would meet hundreds of row counts
+per batch size. The ladder's few dozen stay compiled, and the best allowed T is at most 1/8
+off the free optimum.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+SMALL_TOTALS = 16  # every total up to this is allowed; above, eight steps per doubling
+
+
+@functools.lru_cache(maxsize=64)
+def packed_totals(limit: int) -> frozenset[int]:
+    """Token counts a packed verify pass may have, up to ``limit``: 1..16, then m * 2^k for
+    m in 8..15 (18, 20, ..., 30, 32, 36, ...)."""
+    totals = set(range(1, min(limit, SMALL_TOTALS) + 1))
+    step = 2
+    while 8 * step <= limit:
+        totals.update(range(8 * step, min(16 * step, limit + 1), step))
+        step *= 2
+    return frozenset(totals)
+
+
+def allowed_totals(batch: int, max_nodes: int) -> torch.Tensor:
+    """[B*N] bool: whether a packed pass over T = 1..B*N tokens in all may run (T = B, every
+    request its root, or T on `packed_totals`' ladder)."""
+    ladder = packed_totals(batch * max_nodes)
+    allowed = torch.tensor([t in ladder for t in range(1, batch * max_nodes + 1)])  # [B*N]
+    allowed[batch - 1] = True
+    return allowed
 
 
 def global_sizes(
-    accepted: torch.Tensor, num_nodes: torch.Tensor, cost_ms: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+    accepted: torch.Tensor, num_nodes: torch.Tensor, cost_ms: torch.Tensor,
+    allowed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """([B] long sizes, 0-dim goodput): the split of the batch's verify tokens with the best
     G(T) / C(T).
 
     ``accepted`` [B, N]: each request's priced acceptance A_r(n) for n = 1..N (non-decreasing,
     concave); ``num_nodes`` [B]: real nodes per tree (slots past it are never chosen);
-    ``cost_ms`` [B*N]: the cycle of a pass over T = 1..B*N tokens in all.
+    ``cost_ms`` [B*N]: the cycle of a pass over T = 1..B*N tokens in all; ``allowed`` [B*N]
+    bool: the totals T the pass may have (`allowed_totals`; default every T).
     """
     batch, nodes = accepted.shape
     if cost_ms.dim() != 1 or cost_ms.numel() != batch * nodes:
@@ -42,9 +77,17 @@ def global_sizes(
             f"got {tuple(cost_ms.shape)}"
         )
     device = accepted.device
-    roots = accepted[:, 0].sum()  # every request verifies its root
     if nodes == 1:
+        roots = accepted[:, 0].sum()
         return torch.ones(batch, dtype=torch.long, device=device), roots / cost_ms[batch - 1]
+    if batch == 1:  # one request: G is its own A, no expansion to order
+        past = torch.arange(nodes, device=device) >= num_nodes  # [N]
+        if allowed is not None:
+            past = past | ~allowed
+        goodput = (accepted[0] / cost_ms.to(accepted)).masked_fill(past, float("-inf"))  # [N]
+        size = goodput.argmax()  # the fewest tokens among equals
+        return (1 + size).view(1), goodput[size]
+    roots = accepted[:, 0].sum()  # every request verifies its root
     slots = torch.arange(1, nodes, device=device)  # [N-1]: candidate slots after the root
     real = slots.unsqueeze(0) < num_nodes.unsqueeze(1)  # [B, N-1]
     gains = (accepted[:, 1:] - accepted[:, :-1]).masked_fill(~real, float("-inf"))  # [B, N-1]
@@ -53,6 +96,8 @@ def global_sizes(
     emitted = roots + torch.cat([best.new_zeros(1), best.clamp(min=0).cumsum(0)])  # [B*(N-1)+1]
     goodput = emitted / cost_ms[batch - 1 :].to(emitted)  # T = B .. B*N
     past_real = torch.cat([best.new_zeros(1, dtype=torch.bool), best == float("-inf")])
+    if allowed is not None:  # T = B .. B*N
+        past_real = past_real | ~allowed[batch - 1 :]
     goodput = goodput.masked_fill(past_real, float("-inf"))
     extra = goodput.argmax()  # T - B; the fewest tokens among equals
     rank = torch.empty_like(order.indices)

@@ -19,8 +19,8 @@ S(N) = A(N) L_AR / C(N).
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -35,7 +35,8 @@ CostMode = Literal["static", "ema", "ema_calib"]
 COST_MODES: tuple[str, ...] = ("static", "ema", "ema_calib")
 
 
-def _interpolate(table: Sequence[tuple[int, float]], batch: float) -> float:
+@functools.lru_cache(maxsize=4096)  # every decode step asks again at its batch size
+def _interpolate(table: tuple[tuple[int, float], ...], batch: float) -> float:
     """Piecewise-linear in batch size through the table, constant beyond its ends."""
     sizes, values = zip(*table, strict=True)
     return float(np.interp(batch, sizes, values))
