@@ -132,11 +132,21 @@ def drafted_marginals(
     return [s for s, _ in mine], probs, column("topk_ids"), column("topk_probs")
 
 
+def decided_argmax_agreement(probs: torch.Tensor, served_ids: torch.Tensor) -> float:
+    """The share of drafted positions whose served top-1 is the reference's argmax, among
+    those where the reference's top two differ by more than the probability tolerance (0.1):
+    at a near tie, bfloat16 serving and the float32 reference may order the two either way."""
+    top2 = probs.topk(2, dim=-1).values  # [A, D, 2]
+    decided = top2[..., 0] - top2[..., 1] > 0.1  # [A, D]
+    agree = probs.argmax(-1) == served_ids[..., 0]  # [A, D]
+    return float(agree[decided].float().mean()) if bool(decided.any()) else 1.0
+
+
 def test_the_drafter_module_gives_the_marginals_sglangs_drafter_gave(plain_url, traced, served):
     _, probs, served_ids, served_q = drafted_marginals(
         plain_url, traced[1], PROMPTS[0], served[2][0]
     )
-    assert (probs.argmax(-1) == served_ids[..., 0]).float().mean() > 0.9
+    assert decided_argmax_agreement(probs, served_ids) > 0.9
     assert (probs.gather(-1, served_ids) - served_q).abs().max() < 0.1
 
 
@@ -264,7 +274,7 @@ def test_drafts_after_plain_steps_see_the_plain_steps_tokens_in_the_draft_kv(
     assert "pd" in kinds, kinds  # a drafted step after a plain one
     # the plain steps ran SGLang's decode forward, whose features the draft KV holds
     assert bastion_counters(adaptive_url)["decoded_plain_steps"] > 0
-    assert (probs.argmax(-1) == served_ids[..., 0]).float().mean() > 0.9
+    assert decided_argmax_agreement(probs, served_ids) > 0.9
     assert (probs.gather(-1, served_ids) - served_q).abs().max() < 0.1
 
 
@@ -290,7 +300,7 @@ def test_a_dormant_batch_drafts_only_from_the_contexts_it_kept_whole(
         steps, probs, served_ids, served_q = drafted_marginals(plain_url, trace, text, reply)
         if not len(served_ids):
             continue
-        assert (probs.argmax(-1) == served_ids[..., 0]).float().mean() > 0.9
+        assert decided_argmax_agreement(probs, served_ids) > 0.9
         assert (probs.gather(-1, served_ids) - served_q).abs().max() < 0.1
         rid = reply["meta_info"]["id"]
         first = next((i for i, s in enumerate(steps) if s.get("dormant")), len(steps))
@@ -331,7 +341,7 @@ def test_requests_that_join_a_dormant_batch_beyond_its_sample_skip_the_drafters_
     for text, reply in zip(texts, replies, strict=True):
         _, probs, served_ids, served_q = drafted_marginals(plain_url, trace, text, reply)
         if len(served_ids):
-            assert (probs.argmax(-1) == served_ids[..., 0]).float().mean() > 0.9
+            assert decided_argmax_agreement(probs, served_ids) > 0.9
             assert (probs.gather(-1, served_ids) - served_q).abs().max() < 0.1
 
 
