@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -658,11 +658,12 @@ class Controller:
         """A plain step's decision: every request verifies its root alone, nothing drafted."""
         context = float(context_lens.float().mean())
         key = (batch, round(context / self.context_bucket) * self.context_bucket)
-        if (unit := self._plain_verify.get(key)) is None:  # the verify price of one token each
-            if len(self._plain_verify) >= 4096:
-                self._plain_verify.clear()
+
+        def one_token() -> float:  # the verify price of one token each
             self.cost_vector_ms(batch, context)  # fills the verify price cache at this key
-            unit = self._plain_verify[key] = float(self._verify_cache[key][0])
+            return float(self._verify_cache[key][0])
+
+        unit = _cached(self._plain_verify, key, one_token)
         verify = self.gamma_at(batch) * unit
         overhead = self.plain_overhead_at(batch)
         sizes = self._roots.get((batch, str(device)))
@@ -686,13 +687,12 @@ class Controller:
         """[N] float64: predicted cycle ms for 1..N tokens per request (cached verify terms)."""
         bucket = round(context / self.context_bucket) * self.context_bucket
         key = (batch, bucket)
-        verify = self._verify_cache.get(key)
-        if verify is None:  # the mode's verify price at gamma = 1
-            if len(self._verify_cache) >= 4096:  # bounded: long-running servers see many keys
-                self._verify_cache.clear()
+
+        def price() -> torch.Tensor:  # [N]: the mode's verify price at gamma = 1
             tokens = torch.arange(1, self.max_nodes + 1, dtype=torch.float64)  # [N]
-            price = self.model.verify_price_ms(batch, tokens, bucket, self.mode)
-            verify = self._verify_cache.setdefault(key, price)
+            return self.model.verify_price_ms(batch, tokens, bucket, self.mode)
+
+        verify = _cached(self._verify_cache, key, price)
         # gamma is linear in the ema modes' price; static mode never learns one (it stays 1).
         return self.model.aux_ms(batch) + self.gamma_at(batch) * verify
 
@@ -715,12 +715,12 @@ class Controller:
         """`cost_vector_ms` plus ``overhead`` on ``device``, from a verify price copied once."""
         bucket = round(context / self.context_bucket) * self.context_bucket
         key = (batch, bucket, str(device))
-        verify = self._device_cache.get(key)
-        if verify is None:
-            if len(self._device_cache) >= 4096:
-                self._device_cache.clear()
+
+        def copied() -> torch.Tensor:
             self.cost_vector_ms(batch, context)  # fills the host cache
-            verify = self._device_cache.setdefault(key, self._verify_cache[key[:2]].to(device))
+            return self._verify_cache[key[:2]].to(device)
+
+        verify = _cached(self._device_cache, key, copied)
         return (self.model.aux_ms(batch) + overhead) + self.gamma_at(batch) * verify
 
     def _total_cost(
@@ -731,13 +731,12 @@ class Controller:
         (``widened`` [N]: per-width overheads, each T priced at ceil(T / B) per request)."""
         bucket = round(context / self.context_bucket) * self.context_bucket
         key = ("total", batch, bucket, nodes, str(device))
-        verify = self._device_cache.get(key)
-        if verify is None:
-            if len(self._device_cache) >= 4096:
-                self._device_cache.clear()
-            per_request = total_tokens(batch, nodes)  # [B*N]: T / B
-            price = self.model.verify_price_ms(batch, per_request, bucket, self.mode)
-            verify = self._device_cache.setdefault(key, price.to(device))
+        verify = _cached(  # [B*N]: priced at T / B tokens per request
+            self._device_cache, key,
+            lambda: self.model.verify_price_ms(
+                batch, total_tokens(batch, nodes), bucket, self.mode
+            ).to(device),
+        )  # fmt: skip
         if widened is None:
             return (self.model.aux_ms(batch) + overhead) + self.gamma_at(batch) * verify
         per_total = to_device(widened.repeat_interleave(batch), device)  # [B*N]: ceil(T / B)
@@ -746,12 +745,7 @@ class Controller:
     def _allowed_totals(self, batch: int, nodes: int, device: torch.device) -> torch.Tensor:
         """[B*N] bool `allowed_totals` on ``device``, made once per batch size."""
         key = ("allowed", batch, nodes, str(device))
-        allowed = self._device_cache.get(key)
-        if allowed is None:
-            if len(self._device_cache) >= 4096:
-                self._device_cache.clear()
-            allowed = self._device_cache.setdefault(key, allowed_totals(batch, nodes).to(device))
-        return allowed
+        return _cached(self._device_cache, key, lambda: allowed_totals(batch, nodes).to(device))
 
     def _widths_on(self, device: torch.device) -> torch.Tensor:
         """[widths] the allowed verify widths as a tensor on ``device``, copied once."""
@@ -878,6 +872,17 @@ class Controller:
     def needs_timing(self) -> bool:
         """Whether decisions depend on observed step times."""
         return self.mode in ("ema", "ema_calib")
+
+
+def _cached(cache: dict, key: tuple, make: Callable[[], Any]) -> Any:
+    """``cache[key]``, made by ``make`` on a miss; a full cache (4096 keys: long-running
+    servers see many) is emptied first."""
+    value = cache.get(key)
+    if value is None:
+        if len(cache) >= 4096:
+            cache.clear()
+        value = cache.setdefault(key, make())
+    return value
 
 
 def _nearest(table: dict[int, float], batch: int, default: float | None) -> float | None:
