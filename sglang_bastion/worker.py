@@ -102,7 +102,7 @@ from sglang_bastion.stats import BastionStats
 from sglang_bastion.trace import TraceWriter
 from sglang_bastion.tree import Acceptance, TreeBatch, accept, build_trees_from_top_k, verify_inputs
 from sglang_bastion.tree.acceptance import accept_roots
-from sglang_bastion.tree.ragged import RaggedVerify, pack_ragged, unpack_rows
+from sglang_bastion.tree.ragged import RaggedVerify, pack_ragged, packed_argmax, unpack_rows
 from sglang_bastion.tree.warmup import warm_tree_ops
 from sglang_bastion.verify_graphs import (
     TreeVerifyGraphRunner,
@@ -760,6 +760,7 @@ class BastionWorker(DFlashWorkerV2):
         bs = len(prefix)
         if ragged is not None and sum(ragged) == bs * width:  # nothing to pack: W each
             ragged = None
+        packed = None
         if width == 1 and self.decodes_roots and not batch.has_grammar:
             logits_output, hidden = self._decode_roots(batch, trees, step)
         else:
@@ -778,7 +779,9 @@ class BastionWorker(DFlashWorkerV2):
                 batch, verify, window[:, :width], prefix_cpu, width, grammar, trees,
                 step.grammar_barrier, packed,
             )  # fmt: skip
-        target_tokens = self._target_tokens(batch, logits_output.next_token_logits, bs, width)
+        packed_rows = packed.rows if packed is not None and argmax_alone(batch) else None
+        logits = logits_output.next_token_logits  # [bs * W, V], or [T, V] at packed_rows
+        target_tokens = self._target_tokens(batch, logits, bs, width, packed_rows)
         # The whole window: the drafter's block may exceed W.
         depth, kernels = self.block_size - 1, self.options.kernels
         if width == 1:  # roots alone: the same paths every plain step
@@ -864,19 +867,21 @@ class BastionWorker(DFlashWorkerV2):
         logits_output = out.logits_output
         logits = full_vocabulary(self._target_logits_processor, logits_output.next_token_logits)
         bs = len(batch.seq_lens)
-        if packed is not None:  # [T, V] and [T, H] back to their padded rows
-            logits = unpack_rows(logits, packed.rows, bs * width)
+        unpacked = packed is None or not argmax_alone(batch)
+        if packed is not None:  # [T, H] (and [T, V] unless argmax alone reads them) padded
             logits_output.hidden_states = unpack_rows(
                 logits_output.hidden_states, packed.rows, bs * width
             )
-        logits_output.next_token_logits = logits  # [bs * W, V]
+            if unpacked:
+                logits = unpack_rows(logits, packed.rows, bs * width)
+        logits_output.next_token_logits = logits  # [bs * W, V], or [T, V] for argmax alone
         mask = None
         if grammar is not None:  # also clears the prefill's one-row mask, before it is applied
             mask = build_grammar_vocab_mask(
                 reqs=batch.reqs, tree=grammar, sampling_info=batch.sampling_info,
                 device=logits.device, barrier=grammar_barrier,
             )  # fmt: skip
-        if batch.sampling_info is not None:
+        if batch.sampling_info is not None and unpacked:  # argmax alone: nothing to process
             self._process_logits(batch, logits, trees, width)
         if mask is not None:
             mask.apply(logits)
@@ -953,10 +958,18 @@ class BastionWorker(DFlashWorkerV2):
             state = state_from_penalizers(orchestrator.penalizers.values())
             commit_emitted(state, emitted, lens)
 
-    def _target_tokens(self, batch: Any, logits: torch.Tensor, bs: int, width: int) -> torch.Tensor:
-        """[bs, W] the target's token at every node: argmax, or a sample per request."""
+    def _target_tokens(
+        self, batch: Any, logits: torch.Tensor, bs: int, width: int,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """[bs, W] the target's token at every node: argmax, or a sample per request.
+
+        ``rows`` [T]: ``logits`` are a packed pass's [T, V] (`argmax_alone`), at these rows.
+        """
         info = batch.sampling_info
-        if info is None or info.is_all_greedy:
+        if rows is not None:
+            tokens = packed_argmax(logits, rows, bs * width).view(bs, width)
+        elif info is None or info.is_all_greedy:
             tokens = logits.argmax(dim=-1).view(bs, width)
         else:
             max_top_k, uniform_top_k = host_top_k_bounds(batch.spec_info)
@@ -1053,6 +1066,21 @@ def host_top_k_bounds(draft: Any) -> tuple[int | None, int | None]:
     if largest is None or (largest == 1 and shared is None):
         return None, None
     return int(largest), shared
+
+
+def argmax_alone(batch: Any) -> bool:
+    """Whether a verify pass's logits serve only their argmax: every request greedy, with no
+    penalty, bias, custom processor, grammar or logprobs that would read or change them."""
+    info = batch.sampling_info
+    if batch.return_logprob or batch.has_grammar:
+        return False
+    if info is None:
+        return True
+    orchestrator = penalizers_of(info)
+    return (
+        info.is_all_greedy and info.logit_bias is None and not info.has_custom_logit_processor
+        and not (orchestrator is not None and orchestrator.is_required)
+    )  # fmt: skip
 
 
 def full_vocabulary(processor: Any, logits: torch.Tensor) -> torch.Tensor:

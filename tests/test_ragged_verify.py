@@ -7,7 +7,7 @@ import torch
 from helpers import random_marginals
 
 from sglang_bastion.tree import TreeBatch, build_trees
-from sglang_bastion.tree.ragged import pack_ragged, unpack_rows
+from sglang_bastion.tree.ragged import pack_ragged, packed_argmax, unpack_rows
 from sglang_bastion.tree.verify_inputs import verify_inputs_reference
 
 SIZES = (5, 1, 3)
@@ -73,3 +73,13 @@ def test_sizes_outside_the_width_or_batch_are_refused(sizes):
     padded = verify_inputs_reference(trees(), PREFIX)
     with pytest.raises(ValueError, match=r"sizes must give each of 3 requests 1\.\.6 nodes"):
         pack_ragged(padded, sizes, PREFIX, width=6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_packed_argmax_is_the_argmax_of_the_unpacked_logits(dtype):
+    packed = trees().truncate(torch.tensor(SIZES))
+    rows = pack_ragged(verify_inputs_reference(packed, PREFIX), SIZES, PREFIX, width=6).rows
+    logits = torch.randn(9, 50, generator=torch.Generator().manual_seed(3)).to(dtype) - 4.0
+    logits[2].fill_(-1.0)  # a row of ties: its first column, as argmax takes it
+    expected = unpack_rows(logits, rows, 18).argmax(dim=-1)
+    assert packed_argmax(logits, rows, 18).tolist() == expected.tolist()

@@ -7,6 +7,9 @@ order: a kept node's ancestors are kept too): n_b input ids and positions, and n
 ``RaggedVerifyLayout``). ``rows`` maps each packed token back to its padded row b * W + slot,
 so `unpack_rows` rebuilds the [B * W, ...] logits and features every later op reads; the
 rows it leaves out are zero and belong to slots outside the trees, which are never accepted.
+Where the target's tokens are the logits' argmax and nothing else reads the logits,
+`packed_argmax` takes it on the T packed rows and scatters the tokens alone: the
+vocabulary-wide work then scales with T, not with B * W (the widest tree's W for every request).
 
 The gather indices are built from host lengths (the prefix lengths' host copy and the sizes the
 controller read), so packing reads nothing back from the device.
@@ -76,3 +79,9 @@ def unpack_rows(packed: torch.Tensor, rows: torch.Tensor, padded_rows: int) -> t
     """[padded_rows, ...] ``packed`` [T, ...] scattered to its padded rows, zeros elsewhere."""
     out = packed.new_zeros((padded_rows, *packed.shape[1:]))
     return out.index_copy_(0, rows, packed)
+
+
+def packed_argmax(packed: torch.Tensor, rows: torch.Tensor, padded_rows: int) -> torch.Tensor:
+    """[padded_rows] long: the argmax of every row of `unpack_rows` (``packed`` [T, V])."""
+    tokens = packed.argmax(dim=-1)  # [T]
+    return tokens.new_zeros(padded_rows).index_copy_(0, rows, tokens)  # a zero row's argmax: 0
