@@ -760,7 +760,7 @@ class BastionWorker(DFlashWorkerV2):
         bs = len(prefix)
         if ragged is not None and sum(ragged) == bs * width:  # nothing to pack: W each
             ragged = None
-        packed = None
+        packed, alone = None, False  # alone: the packed logits serve only their argmax
         if width == 1 and self.decodes_roots and not batch.has_grammar:
             logits_output, hidden = self._decode_roots(batch, trees, step)
         else:
@@ -769,6 +769,7 @@ class BastionWorker(DFlashWorkerV2):
                 trees, prefix, prefix_cpu, kernels=self.options.kernels, mask_tail=tail
             )
             packed = pack_ragged(verify, ragged, prefix_cpu, width) if ragged else None
+            alone = packed is not None and argmax_alone(batch)
             grammar = None
             if batch.has_grammar:  # the host copy must start before the verify launch
                 grammar = GrammarTree.from_device(
@@ -777,9 +778,9 @@ class BastionWorker(DFlashWorkerV2):
                 )  # fmt: skip
             logits_output, hidden = self._verify(
                 batch, verify, window[:, :width], prefix_cpu, width, grammar, trees,
-                step.grammar_barrier, packed,
+                step.grammar_barrier, packed, alone,
             )  # fmt: skip
-        packed_rows = packed.rows if packed is not None and argmax_alone(batch) else None
+        packed_rows = packed.rows if alone else None
         logits = logits_output.next_token_logits  # [bs * W, V], or [T, V] at packed_rows
         target_tokens = self._target_tokens(batch, logits, bs, width, packed_rows)
         # The whole window: the drafter's block may exceed W.
@@ -814,12 +815,14 @@ class BastionWorker(DFlashWorkerV2):
         self, batch: Any, verify: Any, window: torch.Tensor, prefix_cpu: torch.Tensor, width: int,
         grammar: GrammarTree | None = None, trees: TreeBatch | None = None,
         grammar_barrier: Callable[[], None] | None = None, packed: RaggedVerify | None = None,
+        argmax_only: bool = False,
     ) -> tuple[Any, torch.Tensor]:  # fmt: skip
         """One target forward over every tree with the tree mask: logits and captured features.
 
         ``packed``: the trees packed unpadded (`pack_ragged`); the pass verifies those tokens
         alone under SGLang's ragged verify layout, and its logits and features come back in
-        the padded [bs * W] layout every later op reads.
+        the padded [bs * W] layout every later op reads; ``argmax_only`` (`argmax_alone`): the
+        logits stay packed, [T, V], for `_target_tokens` to take their argmax on those rows.
 
         The logits come back processed as the requests' sampling asks at every node, as the
         plain server would process them after emitting that node's path (penalties with the
@@ -867,7 +870,7 @@ class BastionWorker(DFlashWorkerV2):
         logits_output = out.logits_output
         logits = full_vocabulary(self._target_logits_processor, logits_output.next_token_logits)
         bs = len(batch.seq_lens)
-        unpacked = packed is None or not argmax_alone(batch)
+        unpacked = packed is None or not argmax_only
         if packed is not None:  # [T, H] (and [T, V] unless argmax alone reads them) padded
             logits_output.hidden_states = unpack_rows(
                 logits_output.hidden_states, packed.rows, bs * width

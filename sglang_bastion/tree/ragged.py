@@ -83,5 +83,4 @@ def unpack_rows(packed: torch.Tensor, rows: torch.Tensor, padded_rows: int) -> t
 
 def packed_argmax(packed: torch.Tensor, rows: torch.Tensor, padded_rows: int) -> torch.Tensor:
     """[padded_rows] long: the argmax of every row of `unpack_rows` (``packed`` [T, V])."""
-    tokens = packed.argmax(dim=-1)  # [T]
-    return tokens.new_zeros(padded_rows).index_copy_(0, rows, tokens)  # a zero row's argmax: 0
+    return unpack_rows(packed.argmax(dim=-1), rows, padded_rows)  # a zero row's argmax: 0
