@@ -3,27 +3,35 @@
 A_hat(n) - 1 is the number of drafts the drafter expects accepted from its first n nodes:
 its own confidence. A drafter trained on greedy continuations is overconfident for a sampled
 target, and any drafter can be for some workload, so the controller never prices with A_hat
-alone. Per request it keeps two decayed sums on the device, indexed by SGLang's request slot
-(``req_pool_indices``):
-
-- ``predicted``: A_hat(n_t) - 1 over the request's drafted steps (n_t nodes verified);
-- ``realised``: the drafts the target accepted in the same steps.
-
-Their ratio c, clipped to [0, MAX_SCALE], scales the surrogate: A_cal(n) =
+alone. A request's scale c, clipped to [0, MAX_SCALE], scales the surrogate: A_cal(n) =
 min(1 + c (A_hat(n) - 1), deepest + 1), where deepest is the tree's depth (no step accepts
 more). A_cal stays concave and non-decreasing in n, so the first-drop rule and the
 uniform-width goodput stay optimal for it, and c = 0 prices every tree as its root alone: no
 speculation. c above 1 is common under greedy verification: a drafter's probabilities follow
 the target's distribution, and the target's argmax agrees with a draft more often than that.
 
+c is the product of two ratios of decayed sums, kept on the device:
+
+- the pool's rho: the accepted drafts over A_hat's predicted ones of every request of the
+  same sampling kind (greedy or sampled) at the same age, the tokens it has emitted since
+  its prompt, in octaves (0, 1-2, 3-6, 7-14, 15-30, 31 and more);
+- the request's own u, indexed by SGLang's request slot (``req_pool_indices``): its accepted
+  drafts over what its pool's rho, at its age then, predicted for its drafted steps, next to
+  a prior of u = 1 weighing ``prior`` drafts, which decays as its own evidence does.
+
+So a new sampled request is priced with what sampled requests accepted before it, and a
+request of any kind with what requests accepted at its age: a drafter may be much less sure
+of a completion's first tokens than of its middle (the tiny pair accepts almost nothing in a
+request's first two steps, and more than the drafter expects from its sixth on). A wave of
+new requests is then not priced as the batch it joins, and a request's poor first steps,
+which its age explains, do not hold its trees back once it is older. Where acceptance does
+not depend on age, every age's pool holds the same rho and c is the request's own ratio.
+
 A step whose request verified its root alone still observes: the target's token at the root
 is compared with the tree's depth-1 children (what would have been accepted had they been
 verified), against their predicted mass. So a request that stopped speculating keeps
-measuring, and speculates again when its drafts would be accepted again.
-
-A new request starts from its sampling kind's pool (greedy or sampled): the decayed sums of
-every request of that kind, so the first step of a sampled request is already priced with
-what sampled requests were accepted before it. Nothing here reads a value to the host.
+measuring, and speculates again when its drafts would be accepted again. Nothing here reads
+a value to the host.
 """
 
 from __future__ import annotations
@@ -37,16 +45,22 @@ from sglang_bastion.tree.batch import TreeBatch
 GREEDY, SAMPLED = 0, 1  # a request's kind: its pool
 GREEDY_TOP_K = 1  # SGLang stores a greedy request (temperature 0) as top-k 1, temperature 1
 MAX_SCALE = 4.0  # the most the calibration inflates the drafter's expected accepted drafts
+AGE_EDGES = (1, 3, 7, 15, 31)  # tokens emitted since the prompt where the next age pool starts
+AGES = len(AGE_EDGES) + 1  # A: age pools per kind
 
 
 @dataclass(frozen=True)
 class AcceptanceScale:
-    """Decayed predicted and realised accepted drafts, per request slot and per kind."""
+    """Decayed predicted and realised accepted drafts, per kind and age and per request slot."""
 
-    predicted: torch.Tensor  # [P] float32: per request slot
-    realised: torch.Tensor  # [P] float32
-    pool_predicted: torch.Tensor  # [2] float32: per kind (GREEDY, SAMPLED)
-    pool_realised: torch.Tensor  # [2] float32
+    expected: torch.Tensor  # [P] float32: per request slot, its pool's predicted drafts
+    realised: torch.Tensor  # [P] float32: per request slot, its accepted drafts
+    weight: torch.Tensor  # [P] float32: the prior's weight left (``prior``, decayed per step)
+    kind: torch.Tensor  # [P] long: GREEDY or SAMPLED
+    start: torch.Tensor  # [P] long: the sequence length the request started decoding at
+    pool_predicted: torch.Tensor  # [2, A] float32: per kind (GREEDY, SAMPLED) and age
+    pool_realised: torch.Tensor  # [2, A] float32
+    edges: torch.Tensor  # [A-1] long: AGE_EDGES
     # weight of a request's past per new step (about 10 steps of memory): a greedy step accepts
     # anything from none to the tree's depth, and a shorter memory shrinks a request's trees,
     # or stops them, on one or two poor steps
@@ -66,11 +80,14 @@ def new_acceptance_scale(
         raise ValueError(f"decay must be in (0, 1), got {decay}")
     if prior <= 0:
         raise ValueError(f"prior must be positive, got {prior}")
-    ones = torch.ones(slots, dtype=torch.float32, device=device)  # [P]
+    zeros = torch.zeros(slots, dtype=torch.float32, device=device)  # [P]
+    pool = torch.ones(2, AGES, dtype=torch.float32, device=device)  # [2, A]
     return AcceptanceScale(
-        predicted=ones * prior, realised=ones * prior,
-        pool_predicted=torch.ones(2, dtype=torch.float32, device=device),  # [2]
-        pool_realised=torch.ones(2, dtype=torch.float32, device=device),
+        expected=zeros, realised=zeros.clone(), weight=torch.full_like(zeros, prior),
+        kind=torch.zeros(slots, dtype=torch.long, device=device),  # [P]
+        start=torch.zeros(slots, dtype=torch.long, device=device),  # [P]
+        pool_predicted=pool, pool_realised=pool.clone(),
+        edges=torch.tensor(AGE_EDGES, dtype=torch.long, device=device),  # [A-1]
         decay=decay, prior=prior,
     )  # fmt: skip
 
@@ -90,18 +107,35 @@ def host_request_kinds(reqs: list) -> frozenset[int]:
     )
 
 
-def start_requests(state: AcceptanceScale, slots: torch.Tensor, kinds: torch.Tensor) -> None:
-    """Reset the requests now in ``slots`` [B] to their kinds' [B] pooled ratio."""
-    ratio = state.pool_realised / state.pool_predicted.clamp(min=1e-6)  # [2]
-    state.predicted.index_fill_(0, slots, state.prior)
-    state.realised.index_copy_(0, slots, (ratio.clamp(max=MAX_SCALE) * state.prior)[kinds])
+def start_requests(
+    state: AcceptanceScale, slots: torch.Tensor, kinds: torch.Tensor, lengths: torch.Tensor
+) -> None:
+    """Start the requests now in ``slots`` [B] of ``kinds`` [B] at sequence ``lengths`` [B]."""
+    state.expected.index_fill_(0, slots, 0.0)
+    state.realised.index_fill_(0, slots, 0.0)
+    state.weight.index_fill_(0, slots, state.prior)
+    state.kind.index_copy_(0, slots, kinds.to(torch.long))
+    state.start.index_copy_(0, slots, lengths.to(torch.long))
 
 
-def scales(state: AcceptanceScale, slots: torch.Tensor) -> torch.Tensor:
-    """[B] c in [0, MAX_SCALE]: realised over predicted accepted drafts of ``slots``' requests."""
-    predicted = state.predicted.index_select(0, slots)
-    realised = state.realised.index_select(0, slots)
-    return (realised / predicted.clamp(min=1e-6)).clamp(0.0, MAX_SCALE)
+def ages(state: AcceptanceScale, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """[B] long: the age pool of ``slots``' requests at sequence ``lengths`` [B]."""
+    emitted = lengths.to(torch.long) - state.start.index_select(0, slots)  # [B]
+    return torch.bucketize(emitted, state.edges, right=True)
+
+
+def _pooled(state: AcceptanceScale, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """[B] rho: realised over predicted drafts of ``slots``' requests' kind and age pools."""
+    rho = state.pool_realised / state.pool_predicted.clamp(min=1e-6)  # [2, A]
+    return rho.clamp(max=MAX_SCALE)[state.kind.index_select(0, slots), ages(state, slots, lengths)]
+
+
+def scales(state: AcceptanceScale, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """[B] c in [0, MAX_SCALE] of ``slots``' requests at sequence ``lengths`` [B]."""
+    weight = state.weight.index_select(0, slots)  # [B]
+    expected = state.expected.index_select(0, slots) + weight
+    own = (state.realised.index_select(0, slots) + weight) / expected.clamp(min=1e-6)  # u
+    return (_pooled(state, slots, lengths) * own).clamp(0.0, MAX_SCALE)
 
 
 def calibrated_surrogate(trees: TreeBatch, scale: torch.Tensor) -> torch.Tensor:
@@ -135,11 +169,15 @@ def step_evidence(
 
 
 def observe(
-    state: AcceptanceScale, slots: torch.Tensor, kinds: torch.Tensor,
+    state: AcceptanceScale, slots: torch.Tensor, lengths: torch.Tensor,
     predicted: torch.Tensor, realised: torch.Tensor,
 ) -> None:  # fmt: skip
-    """Fold one step's [B] predicted and realised accepted drafts into requests and pools."""
-    for per_slot, new in ((state.predicted, predicted), (state.realised, realised)):
+    """Fold one step's [B] predicted and realised accepted drafts into pools and requests
+    (``lengths`` [B]: the requests' sequence lengths the step drafted from)."""
+    pool = state.kind.index_select(0, slots) * AGES + ages(state, slots, lengths)  # [B]
+    for pooled, new in ((state.pool_predicted, predicted), (state.pool_realised, realised)):
+        pooled.mul_(state.pool_decay).view(-1).index_add_(0, pool, new)
+    expected = predicted * _pooled(state, slots, lengths)  # [B]: what the pools now expect
+    for per_slot, new in ((state.expected, expected), (state.realised, realised)):
         per_slot.index_copy_(0, slots, per_slot.index_select(0, slots) * state.decay + new)
-    for pool, new in ((state.pool_predicted, predicted), (state.pool_realised, realised)):
-        pool.mul_(state.pool_decay).index_add_(0, kinds, new)
+    state.weight.index_copy_(0, slots, state.weight.index_select(0, slots) * state.decay)

@@ -327,7 +327,7 @@ class BastionWorker(DFlashWorkerV2):
                     slots = self.model_runner.req_to_token_pool.req_to_token.shape[0]
                     self.acceptance = new_acceptance_scale(int(slots), self.device)
                 kinds = request_kinds(batch.sampling_info, len(first), first.device)
-                start_requests(self.acceptance, batch.req_pool_indices, kinds)
+                start_requests(self.acceptance, batch.req_pool_indices, kinds, batch.seq_lens)
                 self.controller.requests_joined(host_request_kinds(batch.reqs))
             return result
         if batch.forward_mode.is_idle() or batch.spec_info is None:
@@ -458,7 +458,7 @@ class BastionWorker(DFlashWorkerV2):
             decision = self.controller.plain_decision(bs, prefix_cpu, roots.device)
         else:  # the host copy of the contexts: no sync
             if self.acceptance is not None:
-                scale = scales(self.acceptance, batch.req_pool_indices)
+                scale = scales(self.acceptance, batch.req_pool_indices, prefix)
             at = sample if sampling else None  # a full probe is priced as the step it is
             decision = self.controller.decide(whole, prefix_cpu, scale, at)
         self._period = (started, decision, bs)
@@ -514,9 +514,8 @@ class BastionWorker(DFlashWorkerV2):
                 self._sampled = LateRead(full_step_mean(walked[sample], whole_rows, bs))
         if drafts and self.acceptance is not None:  # what this step's drafts were worth
             predicted, realised = step_evidence(whole, decision.sizes, walked, target_tokens[:, 0])
-            kinds = request_kinds(batch.sampling_info, bs, roots.device)
             at = slice(None) if sample is None else sample  # only drafted requests are evidence
-            observe(self.acceptance, batch.req_pool_indices[at], kinds[at], predicted[at],
+            observe(self.acceptance, batch.req_pool_indices[at], prefix[at], predicted[at],
                     realised[at])  # fmt: skip
 
         out_tokens = target_tokens.gather(1, path.clamp(min=0))  # [bs, D+1]: emitted run first

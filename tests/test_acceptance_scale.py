@@ -31,28 +31,33 @@ def slots(*indices: int) -> torch.Tensor:
     return torch.tensor(indices, dtype=torch.long)
 
 
+def lengths(*values: int) -> torch.Tensor:
+    """Requests' sequence lengths as SGLang's seq_lens carry them."""
+    return torch.tensor(values, dtype=torch.long)
+
+
 def test_a_fresh_calibration_trusts_the_drafter():
     state = new_acceptance_scale(8, "cpu")
-    assert scales(state, slots(0, 3, 7)).tolist() == [1.0, 1.0, 1.0]
+    assert scales(state, slots(0, 3, 7), lengths(0, 5, 90)).tolist() == [1.0, 1.0, 1.0]
 
 
 def test_the_scale_is_realised_over_predicted_drafts_up_to_its_cap():
     state = new_acceptance_scale(4, "cpu", decay=0.5, prior=1.0)
-    kinds = torch.tensor([GREEDY, GREEDY, GREEDY])
     for _ in range(12):  # a quarter of the predicted drafts, twice as many, ten times as many
         observe(
-            state, slots(1, 2, 3), kinds, torch.tensor([4.0, 2.0, 0.5]),
+            state, slots(1, 2, 3), lengths(40, 40, 40), torch.tensor([4.0, 2.0, 0.5]),
             torch.tensor([1.0, 4.0, 5.0]),
         )  # fmt: skip
-    got = scales(state, slots(1, 2, 3)).tolist()
-    assert got == pytest.approx([0.25, 2.0, MAX_SCALE], abs=1e-3)
+    got = scales(state, slots(1, 2, 3), lengths(40, 40, 40)).tolist()
+    assert got == pytest.approx([0.25, 2.0, MAX_SCALE], rel=0.02)
 
 
-def test_observing_a_batch_leaves_the_other_requests_alone():
+def test_observing_a_batch_leaves_the_requests_of_other_kinds_alone():
     state = new_acceptance_scale(4, "cpu")
-    observe(state, slots(2), torch.tensor([SAMPLED]), torch.tensor([3.0]), torch.tensor([0.0]))
-    assert scales(state, slots(0, 1, 3)).tolist() == [1.0, 1.0, 1.0]
-    assert float(scales(state, slots(2))[0]) < 1.0
+    start_requests(state, slots(2), torch.tensor([SAMPLED]), lengths(0))
+    observe(state, slots(2), lengths(0), torch.tensor([3.0]), torch.tensor([0.0]))
+    assert scales(state, slots(0, 1, 3), lengths(0, 0, 0)).tolist() == [1.0, 1.0, 1.0]
+    assert float(scales(state, slots(2), lengths(0))[0]) < 1.0
 
 
 def test_the_calibrated_surrogate_is_the_root_alone_at_scale_zero():
@@ -98,21 +103,61 @@ def test_a_root_only_step_is_judged_at_depth_one():
 
 def test_one_step_that_accepts_nothing_leaves_a_request_most_of_its_calibration():
     # a greedy step accepts anything from none to the tree's depth: one poor step is luck
-    state, kinds = new_acceptance_scale(1, "cpu"), torch.tensor([GREEDY])
+    state, ids, at = new_acceptance_scale(8, "cpu"), torch.arange(8), torch.full((8,), 40)
     for _ in range(20):
-        observe(state, slots(0), kinds, torch.tensor([4.0]), torch.tensor([4.0]))
-    observe(state, slots(0), kinds, torch.tensor([4.0]), torch.tensor([0.0]))
-    assert float(scales(state, slots(0))[0]) >= 0.85
+        observe(state, ids, at, torch.full((8,), 4.0), torch.full((8,), 4.0))
+    observe(state, ids[:1], at[:1], torch.tensor([4.0]), torch.tensor([0.0]))
+    assert float(scales(state, ids[:1], at[:1])[0]) >= 0.85
 
 
 def test_a_new_request_starts_from_what_its_kind_was_accepted():
     state = new_acceptance_scale(8, "cpu")
-    kinds = torch.tensor([SAMPLED, SAMPLED, GREEDY])
+    start_requests(
+        state, slots(0, 1, 2), torch.tensor([SAMPLED, SAMPLED, GREEDY]), lengths(9, 9, 9)
+    )
     for _ in range(20):  # sampled requests accept a tenth of their drafts, greedy all
-        observe(state, slots(0, 1, 2), kinds, torch.full((3,), 4.0), torch.tensor([0.4, 0.4, 4.0]))
-    start_requests(state, slots(5, 6), torch.tensor([SAMPLED, GREEDY]))
-    sampled, greedy = scales(state, slots(5, 6)).tolist()
+        observe(state, slots(0, 1, 2), lengths(9, 9, 9), torch.full((3,), 4.0),
+                torch.tensor([0.4, 0.4, 4.0]))  # fmt: skip
+    start_requests(state, slots(5, 6), torch.tensor([SAMPLED, GREEDY]), lengths(30, 30))
+    sampled, greedy = scales(state, slots(5, 6), lengths(30, 30)).tolist()
     assert sampled == pytest.approx(0.1, abs=0.02) and greedy == pytest.approx(1.0)
+
+
+def serve_ages(state, ids: torch.Tensor, steps: int, young: float, old: float) -> None:
+    """``steps`` steps of requests in ``ids`` started together, one token a step, whose
+    drafts are accepted at ``young`` of A_hat's prediction in their first three tokens and at
+    ``old`` from the seventh on (and halfway between)."""
+    start_requests(state, ids, torch.full_like(ids, GREEDY), torch.full_like(ids, 100))
+    for age in range(steps):
+        ratio = young if age < 3 else old if age >= 7 else (young + old) / 2
+        predicted = torch.full(ids.shape, 4.0)
+        observe(state, ids, torch.full_like(ids, 100 + age), predicted, predicted * ratio)
+
+
+def test_a_new_request_starts_from_what_requests_accepted_at_its_age():
+    state, older = new_acceptance_scale(16, "cpu"), torch.arange(8)
+    serve_ages(state, older, 40, young=0.05, old=1.25)  # a wave that has aged
+    start_requests(state, slots(12), torch.tensor([GREEDY]), lengths(300))
+    assert float(scales(state, slots(12), lengths(300))[0]) == pytest.approx(0.05, abs=0.03)
+    # the same request ten tokens later, though it has not drafted since
+    assert float(scales(state, slots(12), lengths(310))[0]) == pytest.approx(1.25, abs=0.01)
+
+
+def test_a_request_s_poor_first_steps_do_not_hold_back_its_trees_once_it_is_older():
+    state = new_acceptance_scale(16, "cpu")
+    serve_ages(state, torch.arange(8), 40, young=0.05, old=1.25)
+    serve_ages(state, torch.arange(8, 16), 8, young=0.05, old=1.25)  # the next wave
+    assert scales(state, torch.arange(8, 16), torch.full((8,), 108)).tolist() == pytest.approx(
+        [1.25] * 8, abs=0.02
+    )
+
+
+def test_where_acceptance_does_not_depend_on_age_a_request_s_own_ratio_prices_it():
+    state, ids = new_acceptance_scale(16, "cpu"), torch.arange(16)
+    serve_ages(state, ids, 12, young=0.6, old=0.6)
+    assert scales(state, ids, torch.full((16,), 112)).tolist() == pytest.approx(
+        [0.6] * 16, abs=0.01
+    )
 
 
 def test_request_kinds_are_read_from_the_host_sampling_parameters():
@@ -138,9 +183,10 @@ def run_step(controller: Controller, state, batch: int, accept: float) -> bool:
         controller.plain_decision(batch, torch.full((batch,), 256), torch.device("cpu"))
         return False
     whole = confident_trees(batch)
-    decision = controller.decide(whole, torch.full((batch,), 256), scales(state, ids))
+    contexts = torch.full((batch,), 256)
+    decision = controller.decide(whole, contexts, scales(state, ids, contexts))
     predicted = step_evidence(whole, decision.sizes, decision.sizes, torch.full((batch,), -1))[0]
-    observe(state, ids, torch.full((batch,), SAMPLED), predicted, predicted * accept)
+    observe(state, ids, contexts, predicted, predicted * accept)
     return not decision.plain
 
 
@@ -224,7 +270,7 @@ def serve_varying(
     ids, contexts = torch.arange(4), torch.full((4,), 256)
     for emitted in acceptance:
         if controller.drafts_this_step(4):
-            decision = controller.decide(confident_trees(4), contexts, scales(state, ids))
+            decision = controller.decide(confident_trees(4), contexts, scales(state, ids, contexts))
         else:
             decision = controller.plain_decision(4, contexts, torch.device("cpu"))
         plain = decision.plain
@@ -259,7 +305,7 @@ def test_a_step_the_measured_rates_judge_plain_spends_no_draft_pass():
     wasted = speculated = 0
     for i in range(400):
         if drafted := controller.drafts_this_step(4):
-            decision = controller.decide(confident_trees(4), contexts, scales(state, ids))
+            decision = controller.decide(confident_trees(4), contexts, scales(state, ids, contexts))
         else:
             decision = controller.plain_decision(4, contexts, torch.device("cpu"))
         controller.observe_period(decision, 4, 18.0 if decision.plain else 30.0,
@@ -365,7 +411,7 @@ def serve_timed(controller: Controller, steps: int, draft_ms: float) -> tuple[fl
     ids, contexts = torch.arange(4), torch.full((4,), 256)
     for i in range(steps):
         if controller.drafts_this_step(4):
-            decision = controller.decide(confident_trees(4), contexts, scales(state, ids))
+            decision = controller.decide(confident_trees(4), contexts, scales(state, ids, contexts))
             period, emitted = (10.0 + draft_ms, 1.0) if decision.plain else (60.0, 2.0)
         else:
             decision = controller.plain_decision(4, contexts, torch.device("cpu"))
@@ -419,7 +465,7 @@ def serve_sampled(
             rows = controller.draft_rows(batch)
             sampled = rows < batch
             decision = controller.decide(
-                confident_trees(batch), contexts, scales(state, ids),
+                confident_trees(batch), contexts, scales(state, ids, contexts),
                 slice(0, rows) if sampled else None,
             )  # fmt: skip
             if sampled:
