@@ -66,7 +66,7 @@ class AcceptanceScale:
     # or stops them, on one or two poor steps
     decay: float = 0.9
     pool_decay: float = 0.9  # the pools see a whole batch per step
-    prior: float = 2.0  # predicted drafts a new request's estimate starts with
+    prior: float = 2.0  # weight, in its pool's expected drafts, of a new request's prior u = 1
 
 
 def new_acceptance_scale(
