@@ -22,7 +22,7 @@ class BastionStats:
     """Cumulative counts since the server started (read deltas for a window)."""
 
     steps: int = 0  # decode steps
-    plain_steps: int = 0  # decode steps that drafted nothing: every request its root alone
+    plain_steps: int = 0  # decode steps that verified every request's root alone
     graph_verifies: int = 0  # decode steps whose tree verify replayed a captured graph
     decoded_plain_steps: int = 0  # plain steps the target ran as SGLang's decode forward
     ragged_verifies: int = 0  # decode steps whose verify packed each tree unpadded

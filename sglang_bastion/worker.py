@@ -553,10 +553,10 @@ class BastionWorker(DFlashWorkerV2):
         self.stats.sampled_probes += decision.sampled
         if decision.plain:  # roots alone, one token each: counted on the host
             self.stats.add_plain_step(len(decision.sizes), decision.predicted_verify_ms)
-        else:
+        else:  # a drafted step whose trees were all cut to their roots (width 1) is plain too
             self.stats.add_step(
                 decision.sizes, accept_lens, decision.width, decision.predicted_verify_ms,
-                decision.plain, priced, decision.ragged,
+                decision.width == 1, priced, decision.ragged,
             )  # fmt: skip
         if self.metrics is not None:
             after_step(self.metrics, self.stats)
