@@ -22,7 +22,11 @@ method's median with the best fixed tree size's (`sweep_medians.py`). ``bastion-
 the worker's default controller mode (or ``--adaptive-mode``); ``bastion-adaptive-static``,
 ``-ema`` and ``-ema_calib`` name a mode each, so one sweep can compare them side by side, and a
 ``-sync`` suffix on any method runs it on SGLang's synchronous schedule
-(``--disable-overlap-schedule``) beside the default overlapped one.
+(``--disable-overlap-schedule``) beside the default overlapped one. With ``--interleave`` every
+method's server starts once and the rounds are measured cell by cell: at each concurrency the
+methods follow one another (in the round's rotated order), each server paused with SIGSTOP
+while another is measured (an idle SGLang scheduler polls on a whole core), so a drift of the
+host's speed falls on neighbouring cells of every method, not on one method's whole block.
 Without a visible CUDA device every method runs with the CPU recipe (bastion_cpu attention,
 bfloat16, TRITON_INTERPRET=1). Every server runs at one ``--max-running-requests`` (default 48),
 so the methods compare at equal batch sizes; medians.md ends with the never-slower table
@@ -32,6 +36,7 @@ so the methods compare at equal batch sizes; medians.md ends with the never-slow
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -39,6 +44,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from common import RESULTS, machine
@@ -53,7 +60,14 @@ from sweep_bench import (
 from sweep_methods import Method, largest_window, parse_methods, pool_tokens, server_setup
 from sweep_metrics import cell_metrics
 from sweep_report import ResultStore, folder_name, model_name, write_reports
-from sweep_server import reset_acceptance, running_server, server_info, warm_up
+from sweep_server import (
+    pause_group,
+    reset_acceptance,
+    resume_group,
+    running_server,
+    server_info,
+    warm_up,
+)
 from tqdm import tqdm
 
 SWEEPS = RESULTS / "sweeps"
@@ -95,6 +109,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="max(2, C) prompts of 32 tokens (CI)")
     parser.add_argument("--server-timeout", type=float, default=600.0, help="start-up limit, s")
     parser.add_argument("--repeats", type=int, default=1, help="rounds in rotated method orders")
+    parser.add_argument(
+        "--interleave", action="store_true",
+        help="start every method's server once and measure the rounds cell by cell, method "
+        "after method, each server paused (SIGSTOP) while another is measured",
+    )  # fmt: skip
     parser.add_argument(
         "--max-running-requests", type=int, default=EQUAL_CAP,
         help=f"one cap for every server (default {EQUAL_CAP}: SGLang's DFLASH default, which "
@@ -177,43 +196,61 @@ def measure_method(
     progress: tqdm,
 ) -> None:
     """Start the method's server, measure every missing concurrency, stop the server."""
+    with method_server(method, args, store.folder / "logs", progress) as url:
+        for concurrency in concurrencies:
+            measure_cell(method, url, concurrency, args, store, dataset, warmup_prompts, progress)
+    progress.write(f"[{method.name}] server stopped")
+
+
+@contextlib.contextmanager
+def method_server(
+    method: Method, args: argparse.Namespace, logs: Path, progress: tqdm,
+    groups: list[int] | None = None,
+) -> Iterator[str]:  # fmt: skip
+    """The method's running server (its URL), with the sweep's cap, pool and extra arguments."""
     limits = cap_args(args) + args.pool
     server_args, env = server_setup(method, limits + args.extra, not cuda_visible())
-    logs = store.folder / "logs"
     started = time.monotonic()
     progress.write(f"[{method.name}] starting server ({' '.join(method.args) or 'no speculation'})")
     with running_server(
         Path(args.model_path), server_args, env, logs / f"{method.name}.server.log",
-        args.server_timeout,
+        args.server_timeout, groups=groups,
     ) as url:  # fmt: skip
         progress.write(f"[{method.name}] healthy after {time.monotonic() - started:.0f} s at {url}")
-        for concurrency in concurrencies:
-            progress.set_description(f"{method.name} C={concurrency}")
-            num_prompts = prompts_per_cell(args, concurrency)
-            # Requests at the cell's concurrency and length first: the batch sizes and tree
-            # widths of the cell are then no longer new to the server when it is measured.
-            warm_up(url, warmup_prompts, concurrency, args.output_len, args.temperature)
-            reset_acceptance(url, server_info(url))
-            before = server_info(url)
-            argv = bench_argv(
-                url, args.model_path, dataset, num_prompts, args.output_len, concurrency,
-                args.temperature, logs / f"{method.name}.c{concurrency}.bench.jsonl",
-                stream=args.workload == "streaming",
-            )  # fmt: skip
-            result = run_bench(argv, logs / f"{method.name}.c{concurrency}.bench.log")
-            after = server_info(url)
-            cell = cell_metrics(method.name, method.algorithm, concurrency, result, before, after)
-            # On a shared machine other work skews throughput: keep its load with the cell.
-            load = os.getloadavg()[0]
-            cell |= {"num_prompts": num_prompts, "load_1m": load, "server": method.setup()}
-            store.add(cell)
-            progress.update(1)
-            progress.write(
-                f"[{method.name}] C={concurrency}: {cell['output_tok_s']:.1f} tok/s, "
-                f"accept {cell['accept_len'] or float('nan'):.2f}, "
-                f"tree {cell['tree_size'] or float('nan'):.1f} ({num_prompts} prompts)"
-            )
-    progress.write(f"[{method.name}] server stopped")
+        yield url
+
+
+def measure_cell(
+    method: Method, url: str, concurrency: int, args: argparse.Namespace, store: ResultStore,
+    dataset: Path, warmup_prompts: list[str], progress: tqdm,
+) -> None:  # fmt: skip
+    """Warm the server up at ``concurrency``, measure the cell with bench_serving, store it."""
+    logs = store.folder / "logs"
+    progress.set_description(f"{method.name} C={concurrency}")
+    num_prompts = prompts_per_cell(args, concurrency)
+    # Requests at the cell's concurrency and length first: the batch sizes and tree
+    # widths of the cell are then no longer new to the server when it is measured.
+    warm_up(url, warmup_prompts, concurrency, args.output_len, args.temperature)
+    reset_acceptance(url, server_info(url))
+    before = server_info(url)
+    argv = bench_argv(
+        url, args.model_path, dataset, num_prompts, args.output_len, concurrency,
+        args.temperature, logs / f"{method.name}.c{concurrency}.bench.jsonl",
+        stream=args.workload == "streaming",
+    )  # fmt: skip
+    result = run_bench(argv, logs / f"{method.name}.c{concurrency}.bench.log")
+    after = server_info(url)
+    cell = cell_metrics(method.name, method.algorithm, concurrency, result, before, after)
+    # On a shared machine other work skews throughput: keep its load with the cell.
+    load = os.getloadavg()[0]
+    cell |= {"num_prompts": num_prompts, "load_1m": load, "server": method.setup()}
+    store.add(cell)
+    progress.update(1)
+    progress.write(
+        f"[{method.name}] C={concurrency}: {cell['output_tok_s']:.1f} tok/s, "
+        f"accept {cell['accept_len'] or float('nan'):.2f}, "
+        f"tree {cell['tree_size'] or float('nan'):.1f} ({num_prompts} prompts)"
+    )
 
 
 def round_orders(names: list[str], repeats: int) -> list[list[str]]:
@@ -231,7 +268,9 @@ def run_rounds(args: argparse.Namespace) -> tuple[Path, list[str]]:
     folder = args.out or SWEEPS / (default_folder_name(args, accelerator) + f"_x{args.repeats}")
     failed: list[str] = []
     rounds = []
-    for i, order in enumerate(round_orders(names, args.repeats), start=1):
+    if args.interleave:
+        rounds, failed = run_interleaved(args, folder, names)
+    for i, order in enumerate([] if args.interleave else round_orders(names, args.repeats), 1):
         print(f"round {i} of {args.repeats}: {', '.join(order)}", file=sys.stderr)
         round_args = argparse.Namespace(**vars(args))
         round_args.out = folder / f"r{i}"
@@ -249,8 +288,21 @@ def default_folder_name(args: argparse.Namespace, accelerator: str) -> str:
     return folder_name(accelerator, args.model_path) + ("_quick" if args.quick else "")
 
 
-def run_sweep(args: argparse.Namespace, order: list[str] | None = None) -> tuple[Path, list[str]]:
-    """Measure every missing cell (methods in ``order``, if given); the folder and failures."""
+@dataclass
+class SweepSetup:
+    """What a sweep's measurement needs, read once from its arguments."""
+
+    names: list[str]  # the methods as the command line lists them
+    methods: list[Method]  # in the order they run
+    concurrencies: list[int]
+    prompts: list[dict]
+    store: ResultStore
+    dataset: Path  # bench_serving's dataset file
+    title: str
+
+
+def sweep_setup(args: argparse.Namespace, order: list[str] | None = None) -> SweepSetup:
+    """Parse the methods (in ``order``, if given), the prompts and the results folder."""
     if args.quick:
         args.output_len = args.output_len or 32
     args.output_len = args.output_len or 128
@@ -295,31 +347,93 @@ def run_sweep(args: argparse.Namespace, order: list[str] | None = None) -> tuple
     workloads = WORKLOADS if folder.resolve().is_relative_to(SWEEPS.resolve()) else folder
     dataset = write_bench_dataset(prompts, workloads)
     title = f"Concurrency sweep: {model_name(args.model_path)} on {meta['hardware']}"
+    return SweepSetup(names, methods, concurrencies, prompts, store, dataset, title)
 
+
+def run_sweep(args: argparse.Namespace, order: list[str] | None = None) -> tuple[Path, list[str]]:
+    """Measure every missing cell (methods in ``order``, if given); the folder and failures."""
+    setup = sweep_setup(args, order)
+    store, names, concurrencies = setup.store, setup.names, setup.concurrencies
     # bench_serving takes ~15 s to import on a small CPU: overlap that with the first start-up.
     threading.Thread(target=importlib.import_module, args=(BENCH_MODULE,), daemon=True).start()
-    total = len(methods) * len(concurrencies)
-    done = sum(store.has(m.name, c, m.setup()) for m in methods for c in concurrencies)
+    total = len(setup.methods) * len(concurrencies)
+    done = sum(store.has(m.name, c, m.setup()) for m in setup.methods for c in concurrencies)
     failed: list[str] = []
     with tqdm(total=total, initial=done, unit="cell", file=sys.stderr) as progress:
         if done:
-            progress.write(f"resuming {folder}: {done} of {total} cells already measured")
-        for method in methods:
+            progress.write(f"resuming {store.folder}: {done} of {total} cells already measured")
+        for method in setup.methods:
             missing = [c for c in concurrencies if not store.has(method.name, c, method.setup())]
             if not missing:
                 continue
             try:
                 # Warm-up prompts from the end: the cells' own prompts start at the top.
-                warm = [p["prompt"] for p in prompts[-2 * max(missing) :]]
-                measure_method(method, missing, args, store, dataset, warm, progress)
+                warm = [p["prompt"] for p in setup.prompts[-2 * max(missing) :]]
+                measure_method(method, missing, args, store, setup.dataset, warm, progress)
             except Exception as error:  # one broken method must not lose the others
                 progress.write(f"[{method.name}] FAILED: {error}")
                 failed.append(method.name)
             finally:
-                write_reports(store, names, title)
-    print(write_reports(store, names, title))
-    print(f"results: {folder}")
-    return folder, failed
+                write_reports(store, names, setup.title)
+    print(write_reports(store, names, setup.title))
+    print(f"results: {store.folder}")
+    return store.folder, failed
+
+
+def run_interleaved(
+    args: argparse.Namespace, folder: Path, names: list[str]
+) -> tuple[list[Path], list[str]]:
+    """Every method's server at once, each paused while another is measured; in each round
+    every concurrency is measured method after method (rotated per round, as `round_orders`),
+    so a drift of a shared host's speed falls between a cell and its neighbours, not between
+    one method's cells and another's. The round folders and the failed methods."""
+    orders = round_orders(names, args.repeats)
+    setups = []
+    for i, order in enumerate(orders, start=1):
+        round_args = argparse.Namespace(**vars(args))
+        round_args.out = folder / f"r{i}"
+        setups.append(sweep_setup(round_args, order))
+        args = round_args if i == 1 else args  # the first round's, with its pool and length
+    first = setups[0]
+    threading.Thread(target=importlib.import_module, args=(BENCH_MODULE,), daemon=True).start()
+    failed: list[str] = []
+    total = len(first.methods) * len(first.concurrencies) * len(setups)
+    warm = [p["prompt"] for p in first.prompts[-2 * max(first.concurrencies) :]]
+    with contextlib.ExitStack() as servers, tqdm(total=total, unit="cell", file=sys.stderr) as bar:
+        running: dict[str, tuple[str, int]] = {}  # method name -> (URL, process group)
+        for method in first.methods:
+            groups: list[int] = []
+            try:
+                logs = folder / "logs"
+                url = servers.enter_context(method_server(method, args, logs, bar, groups))
+            except Exception as error:  # one broken method must not lose the others
+                bar.write(f"[{method.name}] FAILED: {error}")
+                failed.append(method.name)
+                continue
+            pause_group(groups[0])
+            running[method.name] = (url, groups[0])
+        for i, setup in enumerate(setups, start=1):
+            bar.write(f"round {i} of {len(setups)}: {', '.join(orders[i - 1])}")
+            for concurrency in setup.concurrencies:
+                for method in setup.methods:
+                    if method.name not in running or method.name in failed:
+                        continue
+                    if setup.store.has(method.name, concurrency, method.setup()):
+                        bar.update(1)
+                        continue
+                    url, group = running[method.name]
+                    resume_group(group)
+                    try:
+                        measure_cell(
+                            method, url, concurrency, args, setup.store, setup.dataset, warm, bar
+                        )  # fmt: skip
+                    except Exception as error:
+                        bar.write(f"[{method.name}] FAILED: {error}")
+                        failed.append(method.name)
+                    finally:
+                        pause_group(group)
+            print(write_reports(setup.store, setup.names, setup.title))
+    return [setup.store.folder for setup in setups], failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     # A plain SIGTERM unwinds like Ctrl-C, so every running server is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    _, failed = run_rounds(args) if args.repeats > 1 else run_sweep(args)
+    _, failed = run_rounds(args) if args.repeats > 1 or args.interleave else run_sweep(args)
     if failed:
         print(f"failed methods: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

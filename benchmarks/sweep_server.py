@@ -69,10 +69,12 @@ def running_server(
     timeout_s: float = 600.0,
     launcher: Sequence[str] = LAUNCH_SERVER,
     stop_grace_s: float = 20.0,
+    groups: list[int] | None = None,
 ) -> Iterator[str]:
     """A healthy server's base URL; its whole process group is stopped on exit, whatever happens.
 
-    ``stop_grace_s``: how long the group may take to exit after SIGTERM before SIGKILL.
+    ``stop_grace_s``: how long the group may take to exit after SIGTERM before SIGKILL;
+    ``groups``: where to append the server's process group id (to `pause_group` it).
     """
     port = free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +90,8 @@ def running_server(
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, log_path, timeout_s)
+        if groups is not None:
+            groups.append(proc.pid)  # start_new_session: the launcher leads its own group
         yield url
     finally:
         stop_group(proc, stop_grace_s)
@@ -117,11 +121,23 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def pause_group(pgid: int) -> None:
+    """Stop (SIGSTOP) every process of a server's group: an idle SGLang scheduler polls for
+    requests on a whole core, which a server measured beside it would lose."""
+    os.killpg(pgid, signal.SIGSTOP)
+
+
+def resume_group(pgid: int) -> None:
+    """Continue (SIGCONT) a server's group that `pause_group` stopped."""
+    os.killpg(pgid, signal.SIGCONT)
+
+
 def stop_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
     """SIGTERM the server's process group, SIGKILL what is left after ``grace_s``; reap it."""
     pgid = proc.pid  # start_new_session: the launcher leads its own group
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
+        os.killpg(pgid, signal.SIGCONT)  # a paused group handles its SIGTERM once continued
     deadline = time.monotonic() + grace_s
     while group_alive(pgid) and time.monotonic() < deadline:
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -662,3 +662,46 @@ def test_a_gpu_sweep_or_one_without_a_cap_keeps_each_servers_own_pool() -> None:
     assert sweep.pool_args(args, [{"prompt": "x"}], [], on_cpu=False) == []
     uncapped = sweep.parse_args(["--model-path", "t", "--max-running-requests", "0"])
     assert sweep.pool_args(uncapped, [{"prompt": "x"}], [], on_cpu=True) == []
+
+
+def test_interleaved_rounds_measure_each_concurrency_method_after_method_the_others_paused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import contextlib
+
+    import sweep
+
+    started: list[str] = []
+    paused: set[int] = set()
+    measured: list[tuple[str, str, int]] = []  # (round folder, method, concurrency)
+
+    @contextlib.contextmanager
+    def fake_server(method, args, logs, progress, groups):
+        started.append(method.name)
+        groups.append(100 + len(started))  # its process group
+        yield f"http://{method.name}"
+
+    def fake_cell(method, url, concurrency, args, store, dataset, warm, progress):
+        group = 100 + started.index(method.name) + 1
+        assert group not in paused and len(paused) == len(started) - 1  # only it runs
+        measured.append((store.folder.name, method.name, concurrency))
+        rate = {"none": 300.0, "bastion-8": 500.0}[method.name] * concurrency
+        store.add(fixed_cell(8, concurrency, rate) | {"method": method.name,
+                                                      "server": method.setup()})  # fmt: skip
+
+    monkeypatch.setattr(sweep, "method_server", fake_server)
+    monkeypatch.setattr(sweep, "measure_cell", fake_cell)
+    monkeypatch.setattr(sweep, "pause_group", paused.add)
+    monkeypatch.setattr(sweep, "resume_group", paused.discard)
+    monkeypatch.setattr(sweep, "write_reports", lambda *args: "")
+    argv = ["--model-path", "t", "--draft-model-path", "d", "--methods", "none,bastion-8",
+            "--concurrency", "1,4", "--repeats", "2", "--interleave",
+            "--max-running-requests", "0", "--out", str(tmp_path)]  # fmt: skip
+    folder, failed = sweep.run_rounds(sweep.parse_args(argv))
+    assert failed == [] and started == ["none", "bastion-8"]  # one server per method
+    assert measured == [
+        ("r1", "none", 1), ("r1", "bastion-8", 1), ("r1", "none", 4), ("r1", "bastion-8", 4),
+        ("r2", "bastion-8", 1), ("r2", "none", 1), ("r2", "bastion-8", 4), ("r2", "none", 4),
+    ]  # fmt: skip
+    assert paused == {101, 102}  # both paused between their cells
+    assert "| 4 | bastion-8 | 2 | 2000.0 |" in (folder / "medians.md").read_text()
