@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from common import RESULTS, machine, markdown_table
 from step_decomposition import steady_load
@@ -61,11 +62,11 @@ def step_summary(records: list[dict], batch: int) -> dict[str, float] | None:
     full = [r for r in records if len(r["sizes"]) == batch and r["verify_ms"] is not None]
     if not full:
         return None
-    starts = {id(r): r["started_s"] for r in full}
+    counted = {id(r) for r in full}
     periods = [
         (after["started_s"] - before["started_s"]) * 1e3
         for before, after in itertools.pairwise(records)
-        if id(before) in starts and 0 < after["started_s"] - before["started_s"] < GAP_LIMIT_S
+        if id(before) in counted and 0 < after["started_s"] - before["started_s"] < GAP_LIMIT_S
     ]
     emitted = [sum(len(tokens) for tokens in r["emitted"]) for r in full]
     period = statistics.median(periods) if periods else float("nan")
@@ -86,14 +87,18 @@ def read_trace(path: Path) -> list[dict]:
     return [r for r in map(json.loads, lines) if r.get("kind") == "step"]
 
 
-def profile_price(profile: Path, target: Path, batch: int, tokens: int, context: float) -> float:
-    """The profile's verify price in ms at ``batch`` requests of ``tokens`` tokens each."""
-    import torch
-
+def latency_model(profile: Path, target: Path) -> Any:
+    """The server's latency model of ``profile`` for the target model at ``target``."""
     from sglang_bastion.budget import LatencyModel, ModelShape, load_profile
 
     shape = ModelShape.from_hf_config(json.loads((target / "config.json").read_text()))
-    model = LatencyModel.from_profile(load_profile(profile), shape)
+    return LatencyModel.from_profile(load_profile(profile), shape)
+
+
+def profile_price(model: Any, batch: int, tokens: int, context: float) -> float:
+    """The model's verify price in ms at ``batch`` requests of ``tokens`` tokens each."""
+    import torch
+
     width = torch.tensor([float(tokens)], dtype=torch.float64)
     return float(model.verify_price_ms(batch, width, context, "static")[0])
 
@@ -116,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     methods = parse_methods([f"bastion-{n}" for n in sizes], args.draft_model_path, None)
     prompts = [p["prompt"] for p in humaneval_prompts()]
+    model = latency_model(args.profile, args.model_path) if args.profile else None
     logs = Path(tempfile.mkdtemp(prefix="served_widths_"))
     print(f"logs and traces: {logs}", flush=True)
     rows = []
@@ -131,10 +137,8 @@ def main(argv: list[str] | None = None) -> None:
             if summary is None:
                 raise RuntimeError(f"no traced step at batch {clients}; see {log}")
             row = {"N": size, "C": clients, **summary}
-            if args.profile:
-                row["profile_verify_ms"] = profile_price(
-                    args.profile, args.model_path, clients, size, summary["context"]
-                )
+            if model is not None:
+                row["profile_verify_ms"] = profile_price(model, clients, size, summary["context"])
             print(json.dumps(row), flush=True)
             rows.append(row)
     print(write_report(rows, vars(args), args.out))

@@ -270,17 +270,23 @@ def run_rounds(args: argparse.Namespace) -> tuple[Path, list[str]]:
     rounds = []
     if args.interleave:
         rounds, failed = run_interleaved(args, folder, names)
-    for i, order in enumerate([] if args.interleave else round_orders(names, args.repeats), 1):
-        print(f"round {i} of {args.repeats}: {', '.join(order)}", file=sys.stderr)
-        round_args = argparse.Namespace(**vars(args))
-        round_args.out = folder / f"r{i}"
-        done, failed_here = run_sweep(round_args, order)
-        rounds.append(done)
-        failed += [m for m in failed_here if m not in failed]
+    else:
+        for i, order in enumerate(round_orders(names, args.repeats), start=1):
+            print(f"round {i} of {args.repeats}: {', '.join(order)}", file=sys.stderr)
+            done, failed_here = run_sweep(round_namespace(args, folder, i), order)
+            rounds.append(done)
+            failed += [m for m in failed_here if m not in failed]
     title = f"Medians of {args.repeats} sweeps: {model_name(args.model_path)} on {accelerator}"
     print(write_medians(rounds, folder, title, machine()["command"]))
     print(f"medians: {folder / 'medians.md'}")
     return folder, failed
+
+
+def round_namespace(args: argparse.Namespace, folder: Path, index: int) -> argparse.Namespace:
+    """A copy of ``args`` writing round ``index`` into ``folder``/r<index>."""
+    round_args = argparse.Namespace(**vars(args))
+    round_args.out = folder / f"r{index}"
+    return round_args
 
 
 def default_folder_name(args: argparse.Namespace, accelerator: str) -> str:
@@ -388,13 +394,11 @@ def run_interleaved(
     so a drift of a shared host's speed falls between a cell and its neighbours, not between
     one method's cells and another's. The round folders and the failed methods."""
     orders = round_orders(names, args.repeats)
-    setups = []
-    for i, order in enumerate(orders, start=1):
-        round_args = argparse.Namespace(**vars(args))
-        round_args.out = folder / f"r{i}"
-        setups.append(sweep_setup(round_args, order))
-        args = round_args if i == 1 else args  # the first round's, with its pool and length
-    first = setups[0]
+    # The servers and cells take the first round's arguments: sweep_setup adds the KV pool
+    # and the output length to them.
+    rounds = [round_namespace(args, folder, i) for i in range(1, len(orders) + 1)]
+    setups = [sweep_setup(r, order) for r, order in zip(rounds, orders, strict=True)]
+    args, first = rounds[0], setups[0]
     threading.Thread(target=importlib.import_module, args=(BENCH_MODULE,), daemon=True).start()
     failed: list[str] = []
     total = len(first.methods) * len(first.concurrencies) * len(setups)
