@@ -28,6 +28,7 @@ from sglang_bastion.cpu_attention.kernels import (
     ragged_layout,
     visibility,
 )
+from sglang_bastion.cpu_attention.plan import query_groups
 from sglang_bastion.tree import TreeBatch
 from sglang_bastion.tree.verify_inputs import verify_inputs_reference
 
@@ -76,6 +77,17 @@ def test_draft_block_mask_reads_both_sglang_layouts():
         (draft_only, DraftMaskLayout.DRAFT_ONLY),
     ):
         assert draft_block_mask(flat, prefix, drafts, 2, layout).int().tolist() == expected
+
+
+def test_query_groups_set_a_deep_tree_apart_only_where_its_padding_outweighs_a_call():
+    # Fifteen 8-token trees and one of 32: one padded batch would pad 15 x 24 rows.
+    assert query_groups([8] * 7 + [32] + [8] * 8) == [[*range(7), *range(8, 16)], [7]]
+    # Every group's requests keep their order; a batch of one length is never split.
+    assert query_groups([2, 24, 2, 32, 24, 2, 2, 2, 2, 2]) == [[0, 2, 5, 6, 7, 8, 9], [1, 3, 4]]
+    assert query_groups([6] * 8) == []
+    # Few padding rows to save: one call beats two.
+    assert query_groups([3, 5, 1], call_rows=32) == []
+    assert query_groups([3, 5, 1], call_rows=0) == [[2], [0], [1]]
 
 
 def test_ragged_layout_places_tokens_after_their_prefix():
@@ -529,10 +541,17 @@ def test_tree_mask_layouts_agree(harness):
     torch.testing.assert_close(run(backend, batch, layer, q, k, v), expected, atol=0, rtol=0)
 
 
-def test_ragged_verify_equals_each_request_alone(harness):
-    # Per-request tree sizes (3, 5 and 1 draft tokens): the batch gives each request exactly
-    # what a verify of that request alone gives (each of those matches Triton above).
-    prefix_lens, draft_lens = [4, 7, 2], [3, 5, 1]
+@pytest.mark.parametrize(
+    ("prefix_lens", "draft_lens", "grouped"),
+    [
+        ([4, 7, 2], [3, 5, 1], False),  # one padded batch
+        ([4, 7, 2, 9, 5], [1, 5, 1, 40, 2], True),  # short trees apart from the deep one
+    ],
+)
+def test_ragged_verify_equals_each_request_alone(harness, prefix_lens, draft_lens, grouped):
+    # Per-request tree sizes: the batch gives each request exactly what a verify of that
+    # request alone gives (each of those matches Triton above), whether the backend attends
+    # the batch padded to its deepest tree or in groups of similar sizes.
     rows, out_cache_loc = harness.requests(prefix_lens, draft_lens)
     blocks = [torch.tril(torch.ones(n, n, dtype=torch.bool)) for n in draft_lens]
     blocks[1][3, 1:3] = False  # node 3 of request 1 hangs off the root: a real tree
@@ -546,11 +565,12 @@ def test_ragged_verify_equals_each_request_alone(harness):
     q, k, v = harness.qkv(sum(draft_lens))
     backend, layer = harness.backend(BACKEND_NAME), harness.layer()
     batch = harness.verify_batch_at(
-        rows, prefix_lens, draft_lens, out_cache_loc, flat_mask([0, 1, 2])
+        rows, prefix_lens, draft_lens, out_cache_loc, flat_mask(list(range(len(draft_lens))))
     )
     together = run(backend, batch, layer, q, k, v)
-    starts = [0, 3, 8, 9]
-    for i in range(3):
+    assert bool(backend.forward_metadata.groups) == grouped
+    starts = [sum(draft_lens[:i]) for i in range(len(draft_lens) + 1)]
+    for i in range(len(draft_lens)):
         own = slice(starts[i], starts[i + 1])
         alone_batch = harness.verify_batch_at(
             rows[i : i + 1],

@@ -12,7 +12,11 @@ one SDPA call over the padded batch, in float32. Modes:
   after a prefix of ``seq_lens`` tokens. With ``spec_info.custom_mask`` (a tree) a draft token
   sees the prefix plus the draft tokens its mask row names; without one, the block is causal
   (DFLASH's chain verify) or, for ``ENCODER_ONLY`` layers, fully visible (the DFlash drafter's
-  non-causal pass over [context || block]).
+  non-causal pass over [context || block]). A ragged verify whose trees differ much in size
+  (the batch-global budget gives a confident request a deep tree and the others a few nodes)
+  is attended in groups of requests of similar sizes, each padded to its own deepest tree
+  (`plan.query_groups`): one padded batch would attend every request as deep as the deepest,
+  and the attention's cost would follow the widest tree instead of the tokens verified.
 
 ``SGLANG_BASTION_SPLIT_VERIFY=1`` attends tree verifies in two parts instead (an unmasked pass
 over the prefix and a masked pass over the N x N tree block, merged by log-sum-exp: see
@@ -34,7 +38,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 
 from sglang_bastion.cpu_attention import BACKEND_NAME, kernels
 from sglang_bastion.cpu_attention.kernels import DraftMaskLayout, RaggedLayout
-from sglang_bastion.cpu_attention.plan import CpuForwardMetadata
+from sglang_bastion.cpu_attention.plan import CpuForwardMetadata, query_groups
 from sglang_bastion.kernels.split_attention import split_verify_padded
 
 if TYPE_CHECKING:
@@ -162,7 +166,35 @@ class BastionCpuAttnBackend(AttentionBackend):
                 width,
                 self._mask_layout(flat_mask, prefix_lens, draft_lens),
             )
-        return self._plan_block(forward_batch, prefix_lens, draft_lens, draft_mask=draft_mask)
+        plan = self._plan_block(forward_batch, prefix_lens, draft_lens, draft_mask=draft_mask)
+        if ragged is None or plan.layout.uniform:
+            return plan
+        groups = query_groups(draft_lens.tolist())  # this backend's tensors are on the host
+        if groups:
+            plan.groups = tuple(
+                self._plan_group(forward_batch, plan, torch.tensor(rows), draft_mask)
+                for rows in groups
+            )
+        return plan
+
+    def _plan_group(
+        self, forward_batch: ForwardBatch, plan: CpuForwardMetadata, rows: torch.Tensor,
+        draft_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, CpuForwardMetadata]:  # fmt: skip
+        """The token indices [T_g] and the plan of one group of a ragged verify's requests."""
+        layout = plan.layout
+        assert layout is not None
+        tokens = torch.isin(layout.batch, rows).nonzero().squeeze(1)  # [T_g], in pass order
+        query_lens = plan.query_lens.index_select(0, rows)  # [B_g]
+        width = int(query_lens.max())
+        mask = None if draft_mask is None else draft_mask.index_select(0, rows)[:, :width, :width]
+        write_loc = forward_batch.out_cache_loc
+        group = self._plan_block(
+            forward_batch, plan.prefix_lens.index_select(0, rows), query_lens, mask,
+            req_pool_indices=forward_batch.req_pool_indices.index_select(0, rows),
+            write_loc=None if write_loc is None else write_loc.index_select(0, tokens),
+        )  # fmt: skip
+        return tokens, group
 
     def _one_query_each(
         self, forward_batch: ForwardBatch, kv_lens: torch.Tensor, decode: bool
@@ -202,17 +234,22 @@ class BastionCpuAttnBackend(AttentionBackend):
         prefix_lens: torch.Tensor,
         query_lens: torch.Tensor,
         draft_mask: torch.Tensor | None,
+        req_pool_indices: torch.Tensor | None = None,
+        write_loc: torch.Tensor | None = None,
     ) -> CpuForwardMetadata:
-        """Key slots from ``req_to_token``; the query block's are this forward's write slots."""
+        """Key slots from ``req_to_token``; the query block's are this forward's write slots
+        (``req_pool_indices``, ``write_loc``: a group's own, else the batch's)."""
         layout = kernels.ragged_layout(prefix_lens, query_lens)
         kv_lens = prefix_lens + query_lens  # [B]
+        if req_pool_indices is None:
+            req_pool_indices = forward_batch.req_pool_indices
+            write_loc = forward_batch.out_cache_loc
         slots = kernels.kv_slot_table(
             self.req_to_token_pool.req_to_token,
-            forward_batch.req_pool_indices,
+            req_pool_indices,
             kv_lens,
             layout.max_kv,
         )
-        write_loc = forward_batch.out_cache_loc
         if write_loc is not None:
             slots[layout.batch, layout.col] = write_loc[: layout.num_tokens].long()
         return CpuForwardMetadata(
@@ -266,6 +303,24 @@ class BastionCpuAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         """Attention of a block of new tokens per request (extend, mixed, verify, draft)."""
         meta = self._begin(k, v, layer, forward_batch, save_kv_cache, kwargs, decode=False)
+        if not meta.groups:
+            return self._attend_block(q, k, v, layer, meta, save_kv_cache)
+        heads, v_dim = layer.tp_q_head_num, layer.v_head_dim
+        out = q.new_zeros(q.shape[0], heads * v_dim)  # [T, H*Dv]: padding rows stay 0
+        for tokens, group in meta.groups:  # each group padded to its own longest tree
+            k_g = None if k is None else k.index_select(0, tokens)
+            v_g = None if v is None else v.index_select(0, tokens)
+            rows = self._attend_block(
+                q.index_select(0, tokens), k_g, v_g, layer, group, save_kv_cache
+            )
+            out.index_copy_(0, tokens, rows)
+        return out
+
+    def _attend_block(
+        self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+        layer: RadixAttention, meta: CpuForwardMetadata, save_kv_cache: bool,
+    ) -> torch.Tensor:  # fmt: skip
+        """[q rows, H*Dv] attention of ``meta``'s query blocks (keys and values written)."""
         # A plain step's verify (one token per request, its key and value in the pool now):
         # the decode's attention, which sees every key column of its request.
         if meta.one_query_each and (k is None or save_kv_cache):

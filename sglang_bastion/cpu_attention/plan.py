@@ -15,6 +15,10 @@ from sglang_bastion.cpu_attention import kernels
 from sglang_bastion.cpu_attention.kernels import RaggedLayout
 
 MASK_ELEMENTS = 1 << 24  # largest mask built at once (64 MiB of float32); beyond: row chunks
+# What one more attention call costs, in padded query rows of the batch: a ragged verify splits
+# its requests by query length only where the padding rows it saves outweigh the extra calls
+# (on a CPU an SDPA call over 300 key columns costs about what 25 more query rows do).
+GROUP_CALL_ROWS = 32
 
 
 @dataclass
@@ -30,6 +34,9 @@ class CpuForwardMetadata:
     draft_mask: torch.Tensor | None  # [B, Q, Q] bool tree visibility (None: causal / full)
     all_prefixes_empty: bool  # no request has a prefix: top-left causal alignment is exact
     equal_kv_lens: bool  # every request has S key columns: no padding column to hide
+    # A ragged verify attended in groups of requests of similar query lengths: each group's
+    # token indices [T_g] into the pass and its own plan (empty: one padded batch)
+    groups: tuple[tuple[torch.Tensor, CpuForwardMetadata], ...] = ()
     _masks: dict[bool, torch.Tensor | None] = field(default_factory=dict)
 
     @property
@@ -84,3 +91,31 @@ class CpuForwardMetadata:
                 rows=rows,
             )
         return kernels.additive_mask(visible)
+
+
+def query_groups(query_lens: list[int], call_rows: int = GROUP_CALL_ROWS) -> list[list[int]]:
+    """Requests split by query length into groups attended apart, each padded to its own
+    longest: the split with the fewest padded query rows plus ``call_rows`` per group ([] when
+    one group, the whole batch, is best)."""
+    lengths = sorted(set(query_lens))  # [L] distinct query lengths, ascending
+    count = [0] * (len(lengths) + 1)  # count[j]: requests with one of the first j lengths
+    for n in query_lens:
+        count[lengths.index(n) + 1] += 1
+    for j in range(len(lengths)):
+        count[j + 1] += count[j]
+    best = [0] + [None] * len(lengths)  # best[j]: least cost of the first j lengths
+    cut = [0] * (len(lengths) + 1)
+    for j in range(1, len(lengths) + 1):  # a group holds lengths i..j-1, padded to lengths[j-1]
+        best[j], cut[j] = min(
+            (best[i] + call_rows + (count[j] - count[i]) * lengths[j - 1], i) for i in range(j)
+        )
+    bounds = []
+    j = len(lengths)
+    while j > 0:
+        bounds.append((lengths[cut[j]], lengths[j - 1]))
+        j = cut[j]
+    if len(bounds) == 1:
+        return []
+    return [
+        [b for b, n in enumerate(query_lens) if low <= n <= high] for low, high in reversed(bounds)
+    ]
