@@ -47,6 +47,8 @@ GREEDY_TOP_K = 1  # SGLang stores a greedy request (temperature 0) as top-k 1, t
 MAX_SCALE = 4.0  # the most the calibration inflates the drafter's expected accepted drafts
 AGE_EDGES = (1, 3, 7, 15, 31)  # tokens emitted since the prompt where the next age pool starts
 AGES = len(AGE_EDGES) + 1  # A: age pools per kind
+ACCEPTING = 0.5  # pooled rho from which a kind's drafts count as accepted at that age
+EVIDENCE = 2.0  # predicted drafts (decayed) a pool needs before its rho counts
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,15 @@ def new_acceptance_scale(
         edges=torch.tensor(AGE_EDGES, dtype=torch.long, device=device),  # [A-1]
         decay=decay, prior=prior,
     )  # fmt: skip
+
+
+def accepting_kinds(state: AcceptanceScale, least: float = ACCEPTING) -> frozenset[int]:
+    """The kinds (GREEDY, SAMPLED) whose drafts were accepted at some age: a pool with
+    evidence (``EVIDENCE`` predicted drafts, decayed) and rho of at least ``least``. A host
+    read of the [2, A] pools: for the prefill path, never the decode step."""
+    rho = state.pool_realised / state.pool_predicted.clamp(min=1e-6)  # [2, A]
+    accepted = ((rho >= least) & (state.pool_predicted >= EVIDENCE)).any(dim=1).tolist()
+    return frozenset(kind for kind, yes in enumerate(accepted) if yes)
 
 
 def request_kinds(sampling_info: object, batch_size: int, device: torch.device) -> torch.Tensor:

@@ -285,6 +285,8 @@ class Controller:
     _resumed: tuple[int, float, float] | None = field(default=None, repr=False)
     _since_plain: int = field(default=0, repr=False)  # drafted steps since the last plain one
     _kinds: frozenset[int] = field(default=frozenset(), repr=False)  # request kinds joined
+    _joined: int = field(default=0, repr=False)  # requests joined since the last decode step
+    _joined_accept: bool = field(default=False, repr=False)  # all of accepting kinds
     _plain_kinds: frozenset[int] = field(default=frozenset(), repr=False)  # judged not to pay
 
     def __post_init__(self) -> None:
@@ -369,6 +371,7 @@ class Controller:
         plain step of a similar batch size was measured): the plain rate speculation must
         beat is measured, not assumed.
         """
+        self._new_wave(batch)
         if self.plain_left > 0:
             self.plain_left -= 1
             return False
@@ -397,16 +400,54 @@ class Controller:
         sampling = self.learns_acceptance and self.measure_overhead and self.probe_rows > 0
         return (
             sampling and batch > self.probe_rows and self.backoff >= self.dormant_backoff
-            and not self._sample_passed
+            and not self._sample_passed and not self._wave_joined(batch)
         )  # fmt: skip
 
-    def requests_joined(self, kinds: frozenset[int] | None = None) -> None:
+    def requests_joined(
+        self, kinds: frozenset[int] | None = None, count: int = 0,
+        accepting: frozenset[int] = frozenset(),
+    ) -> None:  # fmt: skip
         """New requests of ``kinds`` (GREEDY, SAMPLED; None: unknown) are in the batch: the
         next decode step drafts and decides afresh, unless plain steps run and every joined
-        kind was in the batch when speculation was last judged not to pay."""
+        kind was in the batch when speculation was last judged not to pay.
+
+        ``count``: how many joined; ``accepting``: the kinds whose drafts were accepted at
+        some age (`acceptance_scale.accepting_kinds`). When the requests joined since the last
+        decode step are at least half of its batch (a new wave) and of accepting kinds, the
+        plain wait starts over (`_new_wave`).
+        """
         if kinds is None or not kinds <= self._plain_kinds:
             self.plain_left = 0
         self._kinds |= kinds or frozenset()
+        self._joined += count
+        self._joined_accept = (
+            (self._joined_accept or self._joined == count)
+            and kinds is not None and kinds <= accepting
+        )  # fmt: skip
+
+    def _wave_joined(self, batch: int) -> bool:
+        """Whether the requests joined since the last decode step are a new wave of accepting
+        kinds: at least half of a ``batch`` (the worker reports joiners before their prefill,
+        so a prefill's own joiners count when it asks `dormant`)."""
+        return bool(self._joined) and 2 * self._joined >= batch and self._joined_accept
+
+    def _new_wave(self, batch: int) -> None:
+        """Start the plain waits over where a wave of new requests of accepting kinds makes at
+        least half of this ``batch``: what the batch's drafts were worth before (a long wait,
+        dormant drafter contexts, speculation a probe resumed) came from requests that are
+        gone or older than these. A drafter is least sure of a completion's first tokens, so
+        a new wave's first steps often lose to plain steps where its later ones win by far;
+        judged against the old wait, those first steps doubled it into dormancy (`dormant`),
+        and the wave's requests decoded plainly to their end. Now the wave's waits double from
+        one plain step, and its prefill writes every joiner's drafter context (`dormant` is
+        false while a wave joins). A batch that speculates goes on as it was."""
+        if self._wave_joined(batch):
+            self._resumed = None  # speculation since a probe: the old requests' to judge
+            if self.backoff > 0:  # waiting: the measured rates judge the wave afresh
+                self.backoff = self.plain_left = 0
+                self._probed = self._sample_passed = False
+                self._probe, self._plain_kinds = (0, 0.0, 0.0), frozenset()
+        self._joined, self._joined_accept = 0, False
 
     def decide(
         self, trees: TreeBatch, context_lens: torch.Tensor, scale: torch.Tensor | None = None,

@@ -68,6 +68,7 @@ from sglang.srt.utils.common import get_device_memory_capacity
 
 from sglang_bastion.acceptance_scale import (
     AcceptanceScale,
+    accepting_kinds,
     host_request_kinds,
     new_acceptance_scale,
     observe,
@@ -312,6 +313,13 @@ class BastionWorker(DFlashWorkerV2):
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             self._make_held_draft_kv()  # before DFlash's prefill writes the draft KV
             self._cut_period()  # the next decode period would include this prefill
+            if self.controller.learns_acceptance:  # before the prefill: a new wave is whole
+                accepting = frozenset() if self.acceptance is None else accepting_kinds(
+                    self.acceptance
+                )  # fmt: skip
+                self.controller.requests_joined(
+                    host_request_kinds(batch.reqs), len(batch.reqs), accepting
+                )
             self._prefill_tokens = self._prefill_context_tokens(batch)
             try:
                 result = super().forward_batch_generation(
@@ -328,7 +336,6 @@ class BastionWorker(DFlashWorkerV2):
                     self.acceptance = new_acceptance_scale(int(slots), self.device)
                 kinds = request_kinds(batch.sampling_info, len(first), first.device)
                 start_requests(self.acceptance, batch.req_pool_indices, kinds, batch.seq_lens)
-                self.controller.requests_joined(host_request_kinds(batch.reqs))
             return result
         if batch.forward_mode.is_idle() or batch.spec_info is None:
             self._make_held_draft_kv()

@@ -14,6 +14,7 @@ from sglang_bastion.acceptance_scale import (
     GREEDY,
     MAX_SCALE,
     SAMPLED,
+    accepting_kinds,
     calibrated_surrogate,
     host_request_kinds,
     new_acceptance_scale,
@@ -158,6 +159,20 @@ def test_where_acceptance_does_not_depend_on_age_a_request_s_own_ratio_prices_it
     assert scales(state, ids, torch.full((16,), 112)).tolist() == pytest.approx(
         [0.6] * 16, abs=0.01
     )
+
+
+def test_a_kind_accepts_where_a_pool_with_evidence_realised_half_its_predicted_drafts():
+    state = new_acceptance_scale(4, "cpu")
+    assert accepting_kinds(state) == frozenset()  # nothing observed: no evidence either way
+    greedy, sampled = slots(0, 1), slots(2, 3)
+    start_requests(state, greedy, torch.full((2,), GREEDY), lengths(100, 100))
+    start_requests(state, sampled, torch.full((2,), SAMPLED), lengths(100, 100))
+    predicted = torch.tensor([3.0, 3.0])
+    observe(state, greedy, lengths(120, 120), predicted, torch.tensor([2.0, 1.0]))  # age 20
+    observe(state, sampled, lengths(120, 120), predicted, torch.tensor([0.5, 0.0]))
+    assert accepting_kinds(state) == frozenset({GREEDY})
+    observe(state, sampled, lengths(102, 102), predicted, torch.tensor([3.0, 2.0]))  # age 2
+    assert accepting_kinds(state) == frozenset({GREEDY, SAMPLED})
 
 
 def test_request_kinds_are_read_from_the_host_sampling_parameters():
@@ -537,6 +552,57 @@ def test_plain_steps_go_dormant_only_after_four_plain_judgements_in_a_row():
     assert all(dormant == (backoff >= 8) for backoff, dormant in waits), waits
     assert waits[-1] == (8, True)
     assert not controller.dormant(controller.probe_rows)  # its probes draft every request
+
+
+def dormant_controller() -> Controller:
+    """A sampling controller of a batch of 16 whose plain steps went dormant."""
+    controller = sampling_controller()
+    controller.requests_joined(frozenset({GREEDY}), 16, frozenset({GREEDY}))
+    serve_sampled(controller, 200, accept=1.5)
+    assert controller.dormant(16)
+    return controller
+
+
+def test_a_new_wave_of_accepting_requests_starts_the_plain_waits_over():
+    # The batch's old requests went dormant; half a batch of new ones of a kind whose drafts
+    # are accepted at some age gets every drafter context, and its first poor steps wait
+    # from one plain step.
+    controller = dormant_controller()
+    controller.requests_joined(frozenset({GREEDY}), 5, frozenset({GREEDY}))
+    controller.requests_joined(frozenset({GREEDY}), 3, frozenset({GREEDY}))  # 8 of 16
+    assert not controller.dormant(16)  # their prefill writes every joiner's drafter context
+    controller.drafts_this_step(16)
+    assert controller.backoff <= 1 and not controller.dormant(16)
+    kinds, _, _ = serve_sampled(controller, 3, accept=1.5)
+    assert controller.backoff <= 2, kinds
+
+
+def test_a_new_wave_does_not_judge_the_old_requests_resumed_speculation():
+    # A probe passed after a long wait; the speculation it resumed is judged against that
+    # wait (lost: the next wait doubles it). A new wave's first poor steps are not that.
+    controller = sampling_controller()
+    serve_sampled(controller, 200, accept=1.5)
+    while controller.backoff > 0:  # a sample passes, then its full probe: speculation resumes
+        serve_sampled(controller, 1, accept=5.0)
+    assert controller._resumed is not None
+    controller.requests_joined(frozenset({GREEDY}), 16, frozenset({GREEDY}))
+    steps = 0
+    while controller.backoff == 0 and steps < 100:  # the wave's first steps accept nothing
+        serve_sampled(controller, 1, accept=1.0)
+        steps += 1
+    assert controller.backoff == 1 and not controller.dormant(16), steps  # a first wait
+
+
+@pytest.mark.parametrize(
+    ("count", "accepting"),
+    [(7, frozenset({GREEDY})), (16, frozenset()), (16, frozenset({SAMPLED}))],
+)
+def test_a_few_new_requests_or_a_wave_of_a_kind_never_accepted_keep_the_wait(count, accepting):
+    controller = dormant_controller()
+    backoff = controller.backoff
+    controller.requests_joined(frozenset({GREEDY}), count, accepting)
+    controller.drafts_this_step(16)
+    assert controller.backoff == backoff and controller.dormant(16)
 
 
 def test_a_sample_that_accepts_enough_ends_dormancy():
