@@ -49,7 +49,7 @@ def attend_padded(sizes: list[int], q: torch.Tensor, k: torch.Tensor, v: torch.T
 
 def attend_grouped(sizes: list[int], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """The same attention, once per group of `query_groups` (one padded batch where none)."""
-    for rows in query_groups(sizes) or [list(range(len(sizes)))]:
+    for rows in query_groups(sizes, PREFIX + max(sizes)) or [list(range(len(sizes)))]:
         attend_padded([sizes[r] for r in rows], q, k, v)
 
 
@@ -70,7 +70,7 @@ def main() -> None:
         grouped = median_us(lambda s=sizes, q=q, k=k, v=v: attend_grouped(s, q, k, v), args.repeats)
         rows.append({
             "trees": name, "B": batch, "T": sum(sizes), "deepest": width,
-            "groups": len(query_groups(sizes)) or 1, "padded_ms": padded / 1e3,
+            "groups": len(query_groups(sizes, PREFIX + width)) or 1, "padded_ms": padded / 1e3,
             "grouped_ms": grouped / 1e3, "padded_over_grouped": padded / grouped,
         })  # fmt: skip
         print(rows[-1], flush=True)

@@ -81,13 +81,15 @@ def test_draft_block_mask_reads_both_sglang_layouts():
 
 def test_query_groups_set_a_deep_tree_apart_only_where_its_padding_outweighs_a_call():
     # Fifteen 8-token trees and one of 32: one padded batch would pad 15 x 24 rows.
-    assert query_groups([8] * 7 + [32] + [8] * 8) == [[*range(7), *range(8, 16)], [7]]
+    assert query_groups([8] * 7 + [32] + [8] * 8, 288) == [[*range(7), *range(8, 16)], [7]]
     # Every group's requests keep their order; a batch of one length is never split.
-    assert query_groups([2, 24, 2, 32, 24, 2, 2, 2, 2, 2]) == [[0, 2, 5, 6, 7, 8, 9], [1, 3, 4]]
-    assert query_groups([6] * 8) == []
-    # Few padding rows to save: one call beats two.
-    assert query_groups([3, 5, 1], call_rows=32) == []
-    assert query_groups([3, 5, 1], call_rows=0) == [[2], [0], [1]]
+    deep = [2, 24, 2, 32, 24, 2, 2, 2, 2, 2]
+    assert query_groups(deep, 256) == [[0, 2, 5, 6, 7, 8, 9], [1, 3, 4]]
+    assert query_groups([6] * 8, 256) == []
+    # Few padded elements to save (short trees, or short contexts): one call beats two.
+    assert query_groups([8, 8, 2, 24], 256) == []
+    assert query_groups(deep, 40) == []
+    assert query_groups([3, 5, 1], 64, call_elements=0) == [[2], [0], [1]]
 
 
 def test_ragged_layout_places_tokens_after_their_prefix():
@@ -564,6 +566,8 @@ def test_ragged_verify_equals_each_request_alone(harness, prefix_lens, draft_len
 
     q, k, v = harness.qkv(sum(draft_lens))
     backend, layer = harness.backend(BACKEND_NAME), harness.layer()
+    if grouped:  # contexts this short never pay for a second call at the default price
+        backend.group_call_elements = 64
     batch = harness.verify_batch_at(
         rows, prefix_lens, draft_lens, out_cache_loc, flat_mask(list(range(len(draft_lens))))
     )

@@ -2,7 +2,8 @@
 
 One forward pass plans once (``init_forward_metadata``: pool slots, padded-grid coordinates
 and visibility masks, all [B, ...] tensors) and every layer then runs one batched gather and
-one SDPA call over the padded batch, in float32. Modes:
+one SDPA call over the padded batch (one per group of a ragged verify, below), in float32.
+Modes:
 
 - EXTEND / MIXED / DRAFT_EXTEND_V2: each request's new tokens attend to its cached prefix and,
   causally, to each other (non-causally for ``ENCODER_ONLY`` layers).
@@ -38,7 +39,11 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 
 from sglang_bastion.cpu_attention import BACKEND_NAME, kernels
 from sglang_bastion.cpu_attention.kernels import DraftMaskLayout, RaggedLayout
-from sglang_bastion.cpu_attention.plan import CpuForwardMetadata, query_groups
+from sglang_bastion.cpu_attention.plan import (
+    GROUP_CALL_ELEMENTS,
+    CpuForwardMetadata,
+    query_groups,
+)
 from sglang_bastion.kernels.split_attention import split_verify_padded
 
 if TYPE_CHECKING:
@@ -85,6 +90,7 @@ class BastionCpuAttnBackend(AttentionBackend):
         self.forward_metadata: CpuForwardMetadata | None = None
         # Tree verify as prefix pass + tree-block pass (off by default).
         self.split_verify = os.environ.get(ENV_SPLIT_VERIFY, "0") not in ("", "0")
+        self.group_call_elements = GROUP_CALL_ELEMENTS  # what a ragged verify's group costs
 
     # ----------------------------------------------------------------- planning
 
@@ -169,7 +175,8 @@ class BastionCpuAttnBackend(AttentionBackend):
         plan = self._plan_block(forward_batch, prefix_lens, draft_lens, draft_mask=draft_mask)
         if ragged is None or plan.layout.uniform:
             return plan
-        groups = query_groups(draft_lens.tolist())  # this backend's tensors are on the host
+        # this backend's tensors are on the host
+        groups = query_groups(draft_lens.tolist(), plan.layout.max_kv, self.group_call_elements)
         if groups:
             plan.groups = tuple(
                 self._plan_group(forward_batch, plan, torch.tensor(rows), draft_mask)

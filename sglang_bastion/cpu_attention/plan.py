@@ -15,10 +15,11 @@ from sglang_bastion.cpu_attention import kernels
 from sglang_bastion.cpu_attention.kernels import RaggedLayout
 
 MASK_ELEMENTS = 1 << 24  # largest mask built at once (64 MiB of float32); beyond: row chunks
-# What one more attention call costs, in padded query rows of the batch: a ragged verify splits
-# its requests by query length only where the padding rows it saves outweigh the extra calls
-# (on a CPU an SDPA call over 300 key columns costs about what 25 more query rows do).
-GROUP_CALL_ROWS = 32
+# What one more group of a ragged verify costs, in attended elements (query rows x key columns
+# of a padded attention): its own plan, and at every layer its gathers, mask and SDPA call. On
+# this CPU a group added 0.4 ms a layer at the tiny pair's heads, what 16K elements cost, so a
+# verify splits its requests by query length only where the padding it saves outweighs that.
+GROUP_CALL_ELEMENTS = 16384
 
 
 @dataclass
@@ -93,10 +94,13 @@ class CpuForwardMetadata:
         return kernels.additive_mask(visible)
 
 
-def query_groups(query_lens: list[int], call_rows: int = GROUP_CALL_ROWS) -> list[list[int]]:
+def query_groups(
+    query_lens: list[int], key_columns: int, call_elements: int = GROUP_CALL_ELEMENTS
+) -> list[list[int]]:
     """Requests split by query length into groups attended apart, each padded to its own
-    longest: the split with the fewest padded query rows plus ``call_rows`` per group ([] when
-    one group, the whole batch, is best)."""
+    longest: the split with the fewest attended elements (padded query rows x
+    ``key_columns``) plus ``call_elements`` per group ([] when the whole batch is best)."""
+    call_rows = call_elements / max(1, key_columns)  # a group's cost in padded query rows
     lengths = sorted(set(query_lens))  # [L] distinct query lengths, ascending
     count = [0] * (len(lengths) + 1)  # count[j]: requests with one of the first j lengths
     for n in query_lens:
