@@ -419,11 +419,9 @@ class Controller:
         if kinds is None or not kinds <= self._plain_kinds:
             self.plain_left = 0
         self._kinds |= kinds or frozenset()
+        accepts = kinds is not None and kinds <= accepting
+        self._joined_accept = accepts and (self._joined == 0 or self._joined_accept)
         self._joined += count
-        self._joined_accept = (
-            (self._joined_accept or self._joined == count)
-            and kinds is not None and kinds <= accepting
-        )  # fmt: skip
 
     def _wave_joined(self, batch: int) -> bool:
         """Whether the requests joined since the last decode step are a new wave of accepting
