@@ -17,6 +17,7 @@ from typing import Any
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
+from sglang_bastion.cpu_attention.plan import group_call_elements
 from sglang_bastion.options import (
     ENV_PROFILE,
     BastionOptions,
@@ -215,6 +216,11 @@ def validate_server_args(server_args: Any) -> None:
         options.validate(server_args.speculative_num_draft_tokens)
     except ValueError as error:
         raise BastionConfigError(str(error)) from None
+    if server_args.attention_backend == "bastion_cpu":
+        try:
+            group_call_elements()
+        except ValueError as error:
+            raise BastionConfigError(str(error)) from None
     tp_size = getattr(server_args, "tp_size", 1) or 1
     if tp_size > 1 and options.resolved_mode in ("ema", "ema_calib"):
         raise BastionConfigError(

@@ -28,7 +28,12 @@ from sglang_bastion.cpu_attention.kernels import (
     ragged_layout,
     visibility,
 )
-from sglang_bastion.cpu_attention.plan import query_groups
+from sglang_bastion.cpu_attention.plan import (
+    ENV_GROUP_ELEMENTS,
+    GROUP_CALL_ELEMENTS,
+    group_call_elements,
+    query_groups,
+)
 from sglang_bastion.tree import TreeBatch
 from sglang_bastion.tree.verify_inputs import verify_inputs_reference
 
@@ -90,6 +95,14 @@ def test_query_groups_set_a_deep_tree_apart_only_where_its_padding_outweighs_a_c
     assert query_groups([8, 8, 2, 24], 256) == []
     assert query_groups(deep, 40) == []
     assert query_groups([3, 5, 1], 64, call_elements=0) == [[2], [0], [1]]
+
+
+def test_a_hosts_group_price_comes_from_its_variable_and_a_malformed_one_is_named():
+    assert group_call_elements({}) == GROUP_CALL_ELEMENTS
+    assert group_call_elements({ENV_GROUP_ELEMENTS: " 4096 "}) == 4096
+    for bad in ("16k", "-1", "1.5"):
+        with pytest.raises(ValueError, match=f"{ENV_GROUP_ELEMENTS}={bad} must be a whole"):
+            group_call_elements({ENV_GROUP_ELEMENTS: bad})
 
 
 def test_ragged_layout_places_tokens_after_their_prefix():

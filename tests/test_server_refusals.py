@@ -127,3 +127,9 @@ def test_a_timing_driven_mode_under_tensor_parallelism_is_refused(monkeypatch, p
     env = {"SGLANG_BASTION_MODE": "ema", "SGLANG_BASTION_PROFILE": str(SHIPPED_PROFILE)}
     output = resolution_refusal(monkeypatch, pair, pair[1], "--tp-size", "2", env=env)
     assert "not supported with --tp-size 2" in output and "SGLANG_BASTION_MODE=static" in output
+
+
+def test_a_malformed_group_price_for_bastion_cpu_is_refused(monkeypatch, pair):
+    env = {"SGLANG_BASTION_CPU_GROUP_ELEMENTS": "16k"}
+    output = resolution_refusal(monkeypatch, pair, pair[1], env=env)
+    assert "SGLANG_BASTION_CPU_GROUP_ELEMENTS=16k must be a whole number" in output

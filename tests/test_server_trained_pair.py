@@ -29,6 +29,8 @@ from server_utils import (
     sglang_server,
 )
 
+from sglang_bastion.cpu_attention.plan import ENV_GROUP_ELEMENTS, query_groups
+from sglang_bastion.trace import read_trace
 from training.drafter import DFlashDrafter
 from training.target import features, load_target
 
@@ -39,6 +41,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_PROFILE = ROOT / "calibration" / "profiles" / "tiny-pair-cpu.json"
+GROUP_PRICE = 0  # the adaptive server's price of a group of a ragged verify: each size apart
 
 
 def humaneval_prompts(count: int) -> list[str]:
@@ -205,11 +208,14 @@ def profile(tiny_pair_profile: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def adaptive_url(tmp_path_factory, profile):
-    """BASTION with the adaptive controller (trees of up to 64 nodes) and the profile."""
+    """BASTION with the adaptive controller (trees of up to 64 nodes) and the profile; its
+    ragged verifies attend every tree size apart (a group costs nothing), so its exactness
+    tests cover bastion_cpu's grouped attention (the overlap tests, the default price)."""
     folder = tmp_path_factory.mktemp("adaptive")
     env = {
         **TRAINED_ENV, "SGLANG_BASTION_PROFILE": str(profile),
         "SGLANG_BASTION_TRACE": str(folder / "trace.jsonl"),
+        ENV_GROUP_ELEMENTS: str(GROUP_PRICE),
     }  # fmt: skip
     args = [*TRAINED_ARGS, *bastion_args(TRAINED_PAIR / "drafter", 64)]
     with sglang_server(TRAINED_PAIR / "target", args, folder / "adaptive.log", env=env) as url:
@@ -252,6 +258,28 @@ def test_adaptive_greedy_outputs_equal_the_plain_server(plain_url, adaptive_url)
     assert state["controller"]["layout"] == "global" and state["controller"]["packs_ragged"]
     assert state["ragged_verifies"] > 0
     assert state["verify_tokens"] == state["tree_nodes"]  # no padding token was verified
+
+
+def grouped_passes(trace: Path) -> int:
+    """Steps of the adaptive server's trace whose ragged verify was attended in groups."""
+    _, steps = read_trace(trace)
+    return sum(
+        bool(query_groups(sizes, max(map(sum, zip(contexts, sizes, strict=True))), GROUP_PRICE))
+        for sizes, contexts in ((r["sizes"], r["context_lens"]) for r in steps)
+        if len(set(sizes)) > 1
+    )
+
+
+def test_trees_attended_in_groups_give_the_plain_servers_greedy_outputs(
+    plain_url, adaptive_url, tmp_path_factory
+):
+    trace = next(tmp_path_factory.getbasetemp().glob("adaptive*/trace.jsonl"))
+    before = grouped_passes(trace)
+    # 16 requests at once: old ones verify deep trees beside new ones' few nodes.
+    batch = [{"prompt": p, "max_tokens": 40} for p in humaneval_prompts(32)[16:]]
+    got = run_all(adaptive_url, batch, at_once=16)
+    assert_all_same(plain_url, batch, got, run_all(plain_url, batch))
+    assert grouped_passes(trace) > before
 
 
 def test_drafts_after_plain_steps_see_the_plain_steps_tokens_in_the_draft_kv(

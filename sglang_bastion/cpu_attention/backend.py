@@ -22,6 +22,8 @@ Modes:
 ``SGLANG_BASTION_SPLIT_VERIFY=1`` attends tree verifies in two parts instead (an unmasked pass
 over the prefix and a masked pass over the N x N tree block, merged by log-sum-exp: see
 ``sglang_bastion.kernels.split_attention``), so no [B, N, prefix + N] mask is built.
+``SGLANG_BASTION_CPU_GROUP_ELEMENTS`` sets what one more group costs, in attended elements
+(query rows x key columns), for a host whose calls cost more or less than this one's.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 from sglang_bastion.cpu_attention import BACKEND_NAME, kernels
 from sglang_bastion.cpu_attention.kernels import DraftMaskLayout, RaggedLayout
 from sglang_bastion.cpu_attention.plan import (
-    GROUP_CALL_ELEMENTS,
     CpuForwardMetadata,
+    group_call_elements,
     query_groups,
 )
 from sglang_bastion.kernels.split_attention import split_verify_padded
@@ -90,7 +92,7 @@ class BastionCpuAttnBackend(AttentionBackend):
         self.forward_metadata: CpuForwardMetadata | None = None
         # Tree verify as prefix pass + tree-block pass (off by default).
         self.split_verify = os.environ.get(ENV_SPLIT_VERIFY, "0") not in ("", "0")
-        self.group_call_elements = GROUP_CALL_ELEMENTS  # what a ragged verify's group costs
+        self.group_call_elements = group_call_elements()  # what a ragged verify's group costs
 
     # ----------------------------------------------------------------- planning
 

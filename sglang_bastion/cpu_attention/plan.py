@@ -7,6 +7,7 @@ long prefill would make it too large).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +21,25 @@ MASK_ELEMENTS = 1 << 24  # largest mask built at once (64 MiB of float32); beyon
 # this CPU a group added 0.4 ms a layer at the tiny pair's heads, what 16K elements cost, so a
 # verify splits its requests by query length only where the padding it saves outweighs that.
 GROUP_CALL_ELEMENTS = 16384
+ENV_GROUP_ELEMENTS = "SGLANG_BASTION_CPU_GROUP_ELEMENTS"  # another host's price for a group
+
+
+def group_call_elements(environ: dict[str, str] | None = None) -> int:
+    """The price of one more group of a ragged verify: ``SGLANG_BASTION_CPU_GROUP_ELEMENTS``,
+    else ``GROUP_CALL_ELEMENTS``."""
+    text = (os.environ if environ is None else environ).get(ENV_GROUP_ELEMENTS, "").strip()
+    if not text:
+        return GROUP_CALL_ELEMENTS
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(
+            f"{ENV_GROUP_ELEMENTS}={text} must be a whole number of attended elements (query "
+            f"rows x key columns) of at least 0; unset it for the default {GROUP_CALL_ELEMENTS}"
+        )
+    return value
 
 
 @dataclass
