@@ -181,6 +181,7 @@ class BastionWorker(DFlashWorkerV2):
         # Whether plain steps run SGLang's decode forward (`_decode_roots`): settled with the
         # graphs, in init_cuda_graphs.
         self.decodes_roots = False
+        self.draft_only_mask = False  # the verify mask holds the tree blocks alone
         self._roots_accepted: dict[tuple[int, torch.device], Acceptance] = {}  # by batch size
         self.metrics = None  # SGLang's Prometheus endpoint, under --enable-metrics
         if getattr(self.server_args, "enable_metrics", False) and get_parallel().tp_rank == 0:
@@ -226,8 +227,10 @@ class BastionWorker(DFlashWorkerV2):
     def init_attention_backends(self) -> None:
         """DFlash's drafter backends; then whether the target's verify packs trees unpadded."""
         super().init_attention_backends()  # the scheduler built the target's before
-        ragged = verifies_ragged(self.target_worker.model_runner.attn_backend)
-        self.controller.packs_ragged = ragged
+        backend = self.target_worker.model_runner.attn_backend
+        self.controller.packs_ragged = verifies_ragged(backend)
+        # A backend that reads the tree blocks alone is spared B * W * prefix True entries.
+        self.draft_only_mask = bool(getattr(backend, "reads_draft_only_masks", False))
         self.profile_info = self.controller.summary(self.options.profile)
         if self.options.trace and get_parallel().tp_rank == 0:  # ranks step in lockstep
             header = {"top_k": self.top_k, "max_nodes": self.max_nodes,
@@ -770,11 +773,16 @@ class BastionWorker(DFlashWorkerV2):
         if width == 1 and self.decodes_roots and not batch.has_grammar:
             logits_output, hidden = self._decode_roots(batch, trees, step)
         else:
-            tail = 0 if ragged else bs * width * width  # SGLang's padded mask: verify_inputs
+            draft_only = self.draft_only_mask
+            # SGLang's padded mask (verify_inputs); a draft-only one goes to bastion_cpu alone
+            tail = 0 if ragged or draft_only else bs * width * width
             verify = verify_inputs(
-                trees, prefix, prefix_cpu, kernels=self.options.kernels, mask_tail=tail
-            )
-            packed = pack_ragged(verify, ragged, prefix_cpu, width) if ragged else None
+                trees, prefix, prefix_cpu, kernels=self.options.kernels, mask_tail=tail,
+                draft_only=draft_only,
+            )  # fmt: skip
+            packed = None
+            if ragged:
+                packed = pack_ragged(verify, ragged, prefix_cpu, width, draft_only)
             alone = packed is not None and argmax_alone(batch)
             grammar = None
             if batch.has_grammar:  # the host copy must start before the verify launch

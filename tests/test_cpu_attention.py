@@ -563,18 +563,21 @@ def test_tree_mask_layouts_agree(harness):
         ([4, 7, 2, 9, 5], [1, 5, 1, 40, 2], True),  # short trees apart from the deep one
     ],
 )
-def test_ragged_verify_equals_each_request_alone(harness, prefix_lens, draft_lens, grouped):
+@pytest.mark.parametrize("draft_only", [False, True], ids=["with-prefix", "draft-only"])
+def test_ragged_verify_equals_each_request_alone(
+    harness, prefix_lens, draft_lens, grouped, draft_only
+):
     # Per-request tree sizes: the batch gives each request exactly what a verify of that
     # request alone gives (each of those matches Triton above), whether the backend attends
-    # the batch padded to its deepest tree or in groups of similar sizes.
+    # the batch padded to its deepest tree or in groups of similar sizes, and whether the mask
+    # holds the prefix columns or the tree blocks alone (what BASTION's worker gives it).
     rows, out_cache_loc = harness.requests(prefix_lens, draft_lens)
     blocks = [torch.tril(torch.ones(n, n, dtype=torch.bool)) for n in draft_lens]
     blocks[1][3, 1:3] = False  # node 3 of request 1 hangs off the root: a real tree
 
     def flat_mask(indices: list[int]) -> torch.Tensor:
-        rows_of = [
-            torch.cat([torch.ones(draft_lens[i], prefix_lens[i]), blocks[i]], 1) for i in indices
-        ]
+        shown = [0 if draft_only else prefix_lens[i] for i in range(len(prefix_lens))]
+        rows_of = [torch.cat([torch.ones(draft_lens[i], shown[i]), blocks[i]], 1) for i in indices]
         return torch.cat([r.flatten() for r in rows_of]).bool()
 
     q, k, v = harness.qkv(sum(draft_lens))

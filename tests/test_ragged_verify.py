@@ -44,6 +44,21 @@ def test_each_request_packs_as_if_verified_alone_at_its_size():
     assert packed.lens_cpu == SIZES and packed.lens.tolist() == list(SIZES)
 
 
+def test_a_draft_only_mask_packs_as_each_requests_tree_block_alone():
+    batch = trees()
+    cut = batch.truncate(torch.tensor(SIZES))
+    padded = verify_inputs_reference(cut, PREFIX, draft_only=True)
+    packed = pack_ragged(padded, SIZES, PREFIX, width=6, draft_only=True)
+    alone = [
+        verify_inputs_reference(one_request(batch, b, n), PREFIX[b : b + 1], draft_only=True)
+        for b, n in enumerate(SIZES)
+    ]
+    assert packed.custom_mask.tolist() == torch.cat([a.custom_mask for a in alone]).tolist()
+    with_prefix = pack_ragged(verify_inputs_reference(cut, PREFIX), SIZES, PREFIX, width=6)
+    assert packed.rows.tolist() == with_prefix.rows.tolist()
+    assert packed.custom_mask.numel() == sum(n * n for n in SIZES)
+
+
 def test_a_packed_tree_mask_hides_other_branches():
     batch = trees()
     padded = verify_inputs_reference(batch.truncate(torch.tensor(SIZES)), PREFIX)

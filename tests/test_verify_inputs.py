@@ -11,7 +11,11 @@ import torch
 from helpers import random_marginals
 
 from sglang_bastion.tree import TreeBatch, accept_path, ancestor_mask, build_trees
-from sglang_bastion.tree.verify_inputs import verify_inputs_reference, verify_inputs_triton
+from sglang_bastion.tree.verify_inputs import (
+    verify_inputs,
+    verify_inputs_reference,
+    verify_inputs_triton,
+)
 
 
 def random_trees(seed: int, batch: int = 5, width: int = 12) -> TreeBatch:
@@ -55,6 +59,22 @@ def test_flat_mask_rows_see_the_whole_prefix_then_ancestors_only(seed):
             expected = ancestors_by_parent_pointers(trees, b, i)
             assert {j for j in range(width) if block[i, prefix[b] + j]} == expected
     assert offset == inputs.custom_mask.numel()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_draft_only_mask_is_the_flat_masks_tree_blocks(seed):
+    trees = random_trees(seed)
+    prefix = torch.tensor([0, 3, 1, 7, 2])
+    width = trees.max_nodes
+    full = verify_inputs_reference(trees, prefix).custom_mask
+    rows = full.split([width * (int(p) + width) for p in prefix])
+    blocks = torch.cat([
+        row.view(width, int(p) + width)[:, int(p):].flatten()
+        for row, p in zip(rows, prefix, strict=True)
+    ])  # fmt: skip
+    draft_only = verify_inputs(trees, prefix, prefix.clone(), draft_only=True).custom_mask
+    assert draft_only.tolist() == blocks.tolist()
+    assert draft_only.tolist() == ancestor_mask(trees).flatten().tolist()
 
 
 def test_positions_are_prefix_length_plus_depth_and_ids_are_the_tokens():

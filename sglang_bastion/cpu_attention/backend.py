@@ -75,6 +75,7 @@ class BastionCpuAttnBackend(AttentionBackend):
     """Paged MHA/GQA attention in plain PyTorch (SDPA, float32) for CPU development serving."""
 
     verifies_ragged = True  # TARGET_VERIFY takes SGLang's per-request ragged verify layout
+    reads_draft_only_masks = True  # a tree mask of the W x W blocks alone (told by its size)
 
     def __init__(self, model_runner: Any):
         super().__init__()

@@ -3,10 +3,11 @@
 `verify_inputs` lays every request out over W slots. When the controller gives request b only
 n_b <= W nodes (the batch-global budget), `pack_ragged` keeps its first n_b slots (best-first
 order: a kept node's ancestors are kept too): n_b input ids and positions, and n_b mask rows of
-(prefix_b + n_b) columns, SGLang's flat layout with per-request lengths (its
-``RaggedVerifyLayout``). ``rows`` maps each packed token back to its padded row b * W + slot,
-so `unpack_rows` rebuilds the [B * W, ...] logits and features every later op reads; the
-rows it leaves out are zero and belong to slots outside the trees, which are never accepted.
+(prefix_b + n_b) columns (n_b where the mask is draft-only), SGLang's flat layout with
+per-request lengths (its ``RaggedVerifyLayout``). ``rows`` maps each packed token back to
+its padded row b * W + slot, so `unpack_rows` rebuilds the [B * W, ...] logits and features
+every later op reads; the rows it leaves out are zero and belong to slots outside the trees,
+which are never accepted.
 Where the target's tokens are the logits' argmax and nothing else reads the logits,
 `packed_argmax` takes it on the T packed rows and scatters the tokens alone: the
 vocabulary-wide work then scales with T, not with B * W (the widest tree's W for every request).
@@ -31,7 +32,7 @@ class RaggedVerify:
 
     input_ids: torch.Tensor  # [T] long
     positions: torch.Tensor  # [T] long
-    custom_mask: torch.Tensor  # [sum_b n_b * (prefix_b + n_b)] bool
+    custom_mask: torch.Tensor  # [sum_b n_b * (prefix_b + n_b)] bool; [sum_b n_b^2] draft-only
     rows: torch.Tensor  # [T] long: the padded row b * W + slot of each packed token
     lens: torch.Tensor  # [B] int32 on the device: n_b
     lens_cpu: tuple[int, ...]  # n_b on the host
@@ -43,11 +44,15 @@ class RaggedVerify:
 
 
 def pack_ragged(
-    verify: VerifyInputs, sizes: Sequence[int], prefix_cpu: torch.Tensor, width: int
-) -> RaggedVerify:
-    """The first ``sizes[b]`` slots of every request of a W-wide ``verify``, packed."""
+    verify: VerifyInputs, sizes: Sequence[int], prefix_cpu: torch.Tensor, width: int,
+    draft_only: bool = False,
+) -> RaggedVerify:  # fmt: skip
+    """The first ``sizes[b]`` slots of every request of a W-wide ``verify``, packed
+    (``draft_only``: its mask holds the tree blocks alone, and so does the packed one)."""
     device = verify.input_ids.device
-    prefix = prefix_cpu.to(torch.int64)  # [B]
+    prefix = prefix_cpu.to(torch.int64)  # [B]: the prefix columns of a mask row
+    if draft_only:
+        prefix = torch.zeros_like(prefix)
     lens = torch.tensor(sizes, dtype=torch.int64)  # [B]
     batch = prefix.numel()
     if lens.numel() != batch or int(lens.min()) < 1 or int(lens.max()) > width:

@@ -19,6 +19,10 @@ by walking the parent row held in registers, so the only memory traffic is the [
 and the outputs. The mask's
 length, W * sum(prefix) + B * W^2, is needed on the host to allocate it: pass the host copy of
 the prefix lengths (SGLang has it as ``seq_lens_cpu``) to avoid a device read.
+
+A backend that reads SGLang's other mask layout, the W x W tree blocks alone (``draft_only``:
+``bastion_cpu`` tells the two apart by their size), is given that one: it is the ancestor
+mask itself, without B * W * prefix entries that are all True.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ class VerifyInputs:
 
     input_ids: torch.Tensor  # [B*W] long
     positions: torch.Tensor  # [B*W] long: prefix_len + depth
-    custom_mask: torch.Tensor  # [sum_b W*(prefix_len_b + W)] bool, SGLang's flat layout
+    # [sum_b W*(prefix_len_b + W)] bool, SGLang's flat layout; [B*W*W] when draft-only
+    custom_mask: torch.Tensor
     retrieve_index: torch.Tensor  # [B, W] long: flat token index b*W + slot
     retrieve_next_token: torch.Tensor  # [B, W] long: first child slot or -1
     retrieve_next_sibling: torch.Tensor  # [B, W] long: next sibling slot or -1
@@ -63,12 +68,13 @@ def ancestor_mask(trees: TreeBatch) -> torch.Tensor:
 
 def verify_inputs_reference(
     trees: TreeBatch, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor | None = None,
-    *, mask_tail: int = 0,
+    *, mask_tail: int = 0, draft_only: bool = False,
 ) -> VerifyInputs:  # fmt: skip
     """Verify-pass inputs for every tree at its width W = ``trees.max_nodes``, in torch.
 
     ``prefix_lens_cpu`` is unused: the mask's length is read from ``prefix_lens`` (one host
-    read per step). ``mask_tail`` True entries follow the mask (see `verify_inputs`).
+    read per step; none when ``draft_only``). ``mask_tail`` True entries follow the mask (see
+    `verify_inputs`).
     """
     batch, width = trees.token_ids.shape
     if prefix_lens.shape != (batch,):
@@ -90,9 +96,18 @@ def verify_inputs_reference(
     same_parent = (trees.parents.unsqueeze(2) == trees.parents.unsqueeze(1)) & real_child
     retrieve_next_sibling = _first_true(same_parent & later & real_child.transpose(1, 2))
 
+    tree_block = ancestor_mask(trees)  # [B, W, W]
+    if draft_only:  # the tree blocks alone, requests concatenated
+        return VerifyInputs(
+            input_ids=trees.token_ids.flatten(),
+            positions=positions,
+            custom_mask=torch.cat([tree_block.flatten(), tree_block.new_ones(mask_tail)]),
+            retrieve_index=retrieve_index.contiguous(),
+            retrieve_next_token=retrieve_next_token,
+            retrieve_next_sibling=retrieve_next_sibling,
+        )
     # Flat mask: rows of [prefix (all True) | tree block (ancestors)], requests concatenated.
     # Its length depends on the prefix lengths, so this reads them on the host (once per step).
-    tree_block = ancestor_mask(trees)  # [B, W, W]
     columns = torch.arange(int(prefix_lens.max()) + width, device=device)  # [C]
     col = columns.view(1, 1, -1)
     in_prefix = col < prefix_lens.view(batch, 1, 1)
@@ -175,15 +190,18 @@ def verify_inputs_roots(
 
 def verify_inputs(
     trees: TreeBatch, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor | None = None,
-    *, kernels: bool = True, mask_tail: int = 0,
+    *, kernels: bool = True, mask_tail: int = 0, draft_only: bool = False,
 ) -> VerifyInputs:  # fmt: skip
     """Verify-pass inputs of every tree: Triton on CUDA, the torch reference elsewhere.
 
     ``mask_tail`` True entries are allocated after the mask, which attention never reads:
     SGLang's FlashInfer and Triton verify expect W * seq_lens_sum + B * W^2 entries, where
     seq_lens_sum counts the W verify tokens too, and concatenate a padding every step
-    otherwise (``DFlashVerifyInput.generate_attn_arg_prefill``).
+    otherwise (``DFlashVerifyInput.generate_attn_arg_prefill``). ``draft_only``: the mask is
+    the [B, W, W] tree blocks alone, for a backend that reads that layout (``bastion_cpu``).
     """
+    if draft_only:
+        return verify_inputs_reference(trees, prefix_lens, mask_tail=mask_tail, draft_only=True)
     if trees.max_nodes == 1 and prefix_lens_cpu is not None:  # roots alone: a plain step
         return verify_inputs_roots(trees.token_ids[:, 0], prefix_lens, prefix_lens_cpu,
                                    mask_tail=mask_tail)  # fmt: skip
