@@ -77,6 +77,14 @@ def test_a_draft_only_mask_is_the_flat_masks_tree_blocks(seed):
     assert draft_only.tolist() == ancestor_mask(trees).flatten().tolist()
 
 
+def test_a_draft_only_mask_with_a_tail_is_refused():
+    # bastion_cpu tells the layouts apart by the mask's size; a tail would hide which it is.
+    trees = random_trees(0)
+    prefix = torch.tensor([0, 3, 1, 7, 2])
+    with pytest.raises(ValueError, match="a draft-only mask takes no tail"):
+        verify_inputs(trees, prefix, prefix.clone(), mask_tail=4, draft_only=True)
+
+
 def test_positions_are_prefix_length_plus_depth_and_ids_are_the_tokens():
     trees = random_trees(0)
     prefix = torch.tensor([4, 0, 9, 1, 2])

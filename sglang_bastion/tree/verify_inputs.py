@@ -74,9 +74,13 @@ def verify_inputs_reference(
 
     ``prefix_lens_cpu`` is unused: the mask's length is read from ``prefix_lens`` (one host
     read per step; none when ``draft_only``). ``mask_tail`` True entries follow the mask (see
-    `verify_inputs`).
+    `verify_inputs`); a draft-only mask has none.
     """
     batch, width = trees.token_ids.shape
+    if draft_only and mask_tail:
+        raise ValueError(
+            "a draft-only mask takes no tail: its reader tells the layouts apart by size"
+        )
     if prefix_lens.shape != (batch,):
         raise ValueError(f"prefix_lens must be ({batch},), got {tuple(prefix_lens.shape)}")
     device = trees.token_ids.device
@@ -101,7 +105,7 @@ def verify_inputs_reference(
         return VerifyInputs(
             input_ids=trees.token_ids.flatten(),
             positions=positions,
-            custom_mask=torch.cat([tree_block.flatten(), tree_block.new_ones(mask_tail)]),
+            custom_mask=tree_block.flatten(),
             retrieve_index=retrieve_index.contiguous(),
             retrieve_next_token=retrieve_next_token,
             retrieve_next_sibling=retrieve_next_sibling,
