@@ -101,18 +101,25 @@ def verify_inputs_reference(
     retrieve_next_sibling = _first_true(same_parent & later & real_child.transpose(1, 2))
 
     tree_block = ancestor_mask(trees)  # [B, W, W]
-    if draft_only:  # the tree blocks alone, requests concatenated
-        return VerifyInputs(
-            input_ids=trees.token_ids.flatten(),
-            positions=positions,
-            custom_mask=tree_block.flatten(),
-            retrieve_index=retrieve_index.contiguous(),
-            retrieve_next_token=retrieve_next_token,
-            retrieve_next_sibling=retrieve_next_sibling,
-        )
-    # Flat mask: rows of [prefix (all True) | tree block (ancestors)], requests concatenated.
-    # Its length depends on the prefix lengths, so this reads them on the host (once per step).
-    columns = torch.arange(int(prefix_lens.max()) + width, device=device)  # [C]
+    # Draft-only: the tree blocks alone, requests concatenated.
+    mask = tree_block.flatten() if draft_only else _with_prefix(tree_block, prefix_lens, mask_tail)
+    return VerifyInputs(
+        input_ids=trees.token_ids.flatten(),
+        positions=positions,
+        custom_mask=mask,
+        retrieve_index=retrieve_index.contiguous(),
+        retrieve_next_token=retrieve_next_token,
+        retrieve_next_sibling=retrieve_next_sibling,
+    )
+
+
+def _with_prefix(tree_block: torch.Tensor, prefix_lens: torch.Tensor, tail: int) -> torch.Tensor:
+    """SGLang's flat mask of the [B, W, W] ancestor blocks after ``prefix_lens`` [B] prefixes,
+    then ``tail`` True entries."""
+    batch, width, _ = tree_block.shape
+    # Rows of [prefix (all True) | tree block (ancestors)], requests concatenated. Its length
+    # depends on the prefix lengths, so this reads them on the host (once per step).
+    columns = torch.arange(int(prefix_lens.max()) + width, device=tree_block.device)  # [C]
     col = columns.view(1, 1, -1)
     in_prefix = col < prefix_lens.view(batch, 1, 1)
     tree_col = (col - prefix_lens.view(batch, 1, 1)).clamp(0, width - 1)  # [B, 1, C]
@@ -120,14 +127,7 @@ def verify_inputs_reference(
         in_prefix, True, tree_block.gather(2, tree_col.expand(batch, width, -1))
     )  # [B, W, C]
     valid = (col < (prefix_lens + width).view(batch, 1, 1)).expand_as(dense)
-    return VerifyInputs(
-        input_ids=trees.token_ids.flatten(),
-        positions=positions,
-        custom_mask=torch.cat([dense[valid], dense.new_ones(mask_tail)]),
-        retrieve_index=retrieve_index.contiguous(),
-        retrieve_next_token=retrieve_next_token,
-        retrieve_next_sibling=retrieve_next_sibling,
-    )
+    return torch.cat([dense[valid], dense.new_ones(tail)])
 
 
 def _first_true(flags: torch.Tensor) -> torch.Tensor:
