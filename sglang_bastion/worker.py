@@ -59,7 +59,6 @@ from sglang.srt.speculative.dflash_worker_v2 import (
 from sglang.srt.speculative.draft_worker_common import (
     build_block_pos_offsets,
     make_draft_block_spec_info,
-    make_draft_input_v2,
 )
 from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -86,6 +85,7 @@ from sglang_bastion.draft_context import (
     probe_rows,
     whole_count,
 )
+from sglang_bastion.draft_input import BastionDraftInput, make_draft_input
 from sglang_bastion.held_draft_kv import HeldDraftKv, holding_allowed
 from sglang_bastion.kernels import draft_head_topk, merge_shard_top_k, shard_top_k
 from sglang_bastion.late_read import LateRead, SpanTimer, to_device
@@ -300,6 +300,18 @@ class BastionWorker(DFlashWorkerV2):
             "plain_rate": by_batch(self.controller.plain_rate, 2, 1e3),
         }
         return {"controller": controller, "top_k": self.top_k, **self.stats.as_dict()}
+
+    def _make_next_draft_input_prefill(
+        self, *, bonus_tokens: torch.Tensor, seq_lens: torch.Tensor
+    ) -> BastionDraftInput:
+        """The draft state a prefill hands the scheduler (`draft_input`)."""
+        return make_draft_input(bonus_tokens, seq_lens)
+
+    def _make_next_draft_input_decode(
+        self, *, bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor
+    ) -> BastionDraftInput:
+        """The draft state a decode step hands the scheduler (`draft_input`)."""
+        return make_draft_input(bonus_tokens, new_seq_lens)
 
     def _maybe_build_draft_sampler(self, *args: Any, **kwargs: Any) -> None:
         """Keep the draft head eager: BASTION needs full marginals, not a greedy draft."""
@@ -542,7 +554,7 @@ class BastionWorker(DFlashWorkerV2):
             next_token_ids=out_tokens.reshape(-1),
             accept_lens=accept_lens.to(torch.int32),
             can_run_cuda_graph=False,
-            next_draft_input=make_draft_input_v2(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
+            next_draft_input=make_draft_input(bonus, new_seq_lens),
             speculative_num_draft_tokens=int(self.block_size),
             new_seq_lens=new_seq_lens,
         )
@@ -1028,15 +1040,17 @@ class BastionWorker(DFlashWorkerV2):
         """
         prefix = step.prefix
         bs, depth = path.shape  # depth: path columns, at most D + 1
-        features = hidden.gather(1, path.clamp(min=0).unsqueeze(2).expand(-1, -1, hidden.shape[2]))
+        # [bs, D+1]: each path node's row of the [bs * W, H] features (an index_select of
+        # rows, where a gather of [bs, D+1, H] elements cost 17x as much on a CPU in bf16)
+        nodes = path.clamp(min=0) + hidden.shape[1] * torch.arange(bs, device=path.device)[:, None]
         rows = step.window[:, :depth]  # [bs, D+1]: where the accepted path now lives
         plan = self._plan(batch.req_pool_indices, prefix, step.prefix_cpu, rows.reshape(-1), depth)
         cache_loc = self._draft_write_ids(plan).view(bs, depth)
         positions = prefix.unsqueeze(1) + torch.arange(depth, device=prefix.device)  # [bs, D+1]
         if keep is not None:
-            features, cache_loc, positions = features[keep], cache_loc[keep], positions[keep]
+            nodes, cache_loc, positions = nodes[keep], cache_loc[keep], positions[keep]
             accept_lens = accept_lens[keep]
-        flat = features.reshape(features.shape[0] * depth, features.shape[-1])  # keep: maybe none
+        flat = hidden.flatten(0, 1).index_select(0, nodes.reshape(-1))  # [R*(D+1), H]
         held = self.held_draft_kv
         if hold is not None and held is not None:  # a fresh gather: graph buffers are not held
             if held.hold(hold, flat, cache_loc.reshape(-1), positions.reshape(-1)):
