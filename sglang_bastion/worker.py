@@ -1052,7 +1052,7 @@ class BastionWorker(DFlashWorkerV2):
             accept_lens = accept_lens[keep]
         flat = hidden.flatten(0, 1).index_select(0, nodes.reshape(-1))  # [R*(D+1), H]
         held = self.held_draft_kv
-        if hold is not None and held is not None:  # a fresh gather: graph buffers are not held
+        if hold is not None and held is not None:  # fresh rows: graph buffers are not held
             if held.hold(hold, flat, cache_loc.reshape(-1), positions.reshape(-1)):
                 self._make_held_draft_kv()
             return
