@@ -32,9 +32,7 @@ class BastionDraftInput(DFlashDraftInputV2):
         plan_stream, plan_stream_ctx = dflash_info_v2._get_overlap_plan_stream(batch.device)
         batch.maybe_evict_swa()
         self._ensure_prepare_length_buffers(bs, batch.device)
-        window = int(get_spec().speculative_num_draft_tokens)
-        if window <= 0:
-            raise ValueError(f"BASTION: invalid speculative_num_draft_tokens={window}")
+        window = int(get_spec().speculative_num_draft_tokens)  # validated at launch
         reqs = batch.reqs
         cur, nxt, needed = page_aligned_decode_alloc_lens(
             reqs, reserve=2 * window, page_size=batch.token_to_kv_pool_allocator.page_size

@@ -554,7 +554,9 @@ class BastionWorker(DFlashWorkerV2):
             next_token_ids=out_tokens.reshape(-1),
             accept_lens=accept_lens.to(torch.int32),
             can_run_cuda_graph=False,
-            next_draft_input=make_draft_input(bonus, new_seq_lens),
+            next_draft_input=self._make_next_draft_input_decode(
+                bonus_tokens=bonus, new_seq_lens=new_seq_lens
+            ),
             speculative_num_draft_tokens=int(self.block_size),
             new_seq_lens=new_seq_lens,
         )
