@@ -67,7 +67,11 @@ class AcceptanceScale:
     # anything from none to the tree's depth, and a shorter memory shrinks a request's trees,
     # or stops them, on one or two poor steps
     decay: float = 0.9
-    pool_decay: float = 0.9  # the pools see a whole batch per step
+    # a pool's weight of its past per step that observes it: the pools see a whole batch per
+    # step, and a pool a step does not observe keeps its evidence (one request at a time
+    # reaches the youngest ages once per request; decayed every step, their pools would hold
+    # the last request's first steps alone)
+    pool_decay: float = 0.9
     prior: float = 2.0  # weight, in its pool's expected drafts, of a new request's prior u = 1
 
 
@@ -95,11 +99,14 @@ def new_acceptance_scale(
 
 
 def accepting_kinds(state: AcceptanceScale, least: float = ACCEPTING) -> frozenset[int]:
-    """The kinds (GREEDY, SAMPLED) whose drafts were accepted at some age: a pool with
-    evidence (``EVIDENCE`` predicted drafts, decayed) and rho of at least ``least``. A host
-    read of the [2, A] pools: for the prefill path, never the decode step."""
-    rho = state.pool_realised / state.pool_predicted.clamp(min=1e-6)  # [2, A]
-    accepted = ((rho >= least) & (state.pool_predicted >= EVIDENCE)).any(dim=1).tolist()
+    """The kinds (GREEDY, SAMPLED) whose drafts are accepted: over the kind's pools with
+    evidence (``EVIDENCE`` predicted drafts, decayed), realised drafts at least ``least`` of
+    the predicted. A host read of the [2, A] pools: for the prefill path, never the decode
+    step."""
+    evident = (state.pool_predicted >= EVIDENCE).to(state.pool_predicted.dtype)  # [2, A]
+    predicted = (state.pool_predicted * evident).sum(dim=1)  # [2]
+    realised = (state.pool_realised * evident).sum(dim=1)  # [2]
+    accepted = ((predicted > 0) & (realised >= least * predicted)).tolist()
     return frozenset(kind for kind, yes in enumerate(accepted) if yes)
 
 
@@ -186,8 +193,11 @@ def observe(
     """Fold one step's [B] predicted and realised accepted drafts into pools and requests
     (``lengths`` [B]: the requests' sequence lengths the step drafted from)."""
     pool = state.kind.index_select(0, slots) * AGES + ages(state, slots, lengths)  # [B]
+    # [2 * A]: pool_decay where this step observed the pool, 1 elsewhere
+    hit = torch.zeros_like(state.pool_predicted).view(-1).index_fill_(0, pool, 1.0)
+    decay = 1.0 - (1.0 - state.pool_decay) * hit
     for pooled, new in ((state.pool_predicted, predicted), (state.pool_realised, realised)):
-        pooled.mul_(state.pool_decay).view(-1).index_add_(0, pool, new)
+        pooled.view(-1).mul_(decay).index_add_(0, pool, new)
     expected = predicted * _pooled(state, slots, lengths)  # [B]: what the pools now expect
     for per_slot, new in ((state.expected, expected), (state.realised, realised)):
         per_slot.index_copy_(0, slots, per_slot.index_select(0, slots) * state.decay + new)

@@ -411,8 +411,8 @@ class Controller:
         next decode step drafts and decides afresh, unless plain steps run and every joined
         kind was in the batch when speculation was last judged not to pay.
 
-        ``count``: how many joined; ``accepting``: the kinds whose drafts were accepted at
-        some age (`acceptance_scale.accepting_kinds`). When the requests joined since the last
+        ``count``: how many joined; ``accepting``: the kinds whose drafts are accepted
+        (`acceptance_scale.accepting_kinds`). When the requests joined since the last
         decode step are at least half of its batch (a new wave) and of accepting kinds, the
         plain wait starts over (`_new_wave`).
         """

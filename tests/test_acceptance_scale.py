@@ -153,6 +153,20 @@ def test_a_request_s_poor_first_steps_do_not_hold_back_its_trees_once_it_is_olde
     )
 
 
+def test_one_request_at_a_time_prices_a_new_request_by_many_requests_first_steps():
+    # requests served one after another reach the youngest age once each: its pool holds the
+    # first steps of many requests, not of the last one alone (which accepted nothing here)
+    state = new_acceptance_scale(4, "cpu")
+    for first in [1.0, 0.0] * 6:  # the first step accepts all or nothing, every later one all
+        start_requests(state, slots(0), torch.tensor([GREEDY]), lengths(100))
+        for age in range(20):
+            predicted = torch.tensor([2.0])
+            ratio = first if age == 0 else 1.0
+            observe(state, slots(0), lengths(100 + age), predicted, predicted * ratio)
+    start_requests(state, slots(1), torch.tensor([GREEDY]), lengths(500))
+    assert float(scales(state, slots(1), lengths(500))[0]) == pytest.approx(0.5, abs=0.1)
+
+
 def test_where_acceptance_does_not_depend_on_age_a_request_s_own_ratio_prices_it():
     state, ids = new_acceptance_scale(16, "cpu"), torch.arange(16)
     serve_ages(state, ids, 12, young=0.6, old=0.6)
@@ -161,7 +175,7 @@ def test_where_acceptance_does_not_depend_on_age_a_request_s_own_ratio_prices_it
     )
 
 
-def test_a_kind_accepts_where_a_pool_with_evidence_realised_half_its_predicted_drafts():
+def test_a_kind_accepts_where_its_pools_with_evidence_realised_half_their_predicted_drafts():
     state = new_acceptance_scale(4, "cpu")
     assert accepting_kinds(state) == frozenset()  # nothing observed: no evidence either way
     greedy, sampled = slots(0, 1), slots(2, 3)
@@ -171,8 +185,20 @@ def test_a_kind_accepts_where_a_pool_with_evidence_realised_half_its_predicted_d
     observe(state, greedy, lengths(120, 120), predicted, torch.tensor([2.0, 1.0]))  # age 20
     observe(state, sampled, lengths(120, 120), predicted, torch.tensor([0.5, 0.0]))
     assert accepting_kinds(state) == frozenset({GREEDY})
-    observe(state, sampled, lengths(102, 102), predicted, torch.tensor([3.0, 2.0]))  # age 2
+    observe(state, sampled, lengths(102, 102), predicted, torch.tensor([3.0, 3.0]))  # age 2
     assert accepting_kinds(state) == frozenset({GREEDY, SAMPLED})
+
+
+def test_a_kind_accepted_at_one_age_alone_does_not_accept():
+    # sampled requests whose first drafts are accepted and whose later ones are not: a wave
+    # of them is not a wave of accepting requests
+    state, sampled = new_acceptance_scale(4, "cpu"), slots(0, 1)
+    start_requests(state, sampled, torch.full((2,), SAMPLED), lengths(100, 100))
+    observe(state, sampled, lengths(101, 101), torch.full((2,), 1.0), torch.full((2,), 1.0))
+    for age in range(10, 20):
+        observe(state, sampled, lengths(100 + age, 100 + age), torch.full((2,), 3.0),
+                torch.full((2,), 0.3))  # fmt: skip
+    assert accepting_kinds(state) == frozenset()
 
 
 def test_request_kinds_are_read_from_the_host_sampling_parameters():
