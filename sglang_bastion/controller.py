@@ -288,6 +288,9 @@ class Controller:
     _joined: int = field(default=0, repr=False)  # requests joined since the last decode step
     _joined_accept: bool = field(default=False, repr=False)  # all of accepting kinds
     _plain_kinds: frozenset[int] = field(default=frozenset(), repr=False)  # judged not to pay
+    # Whether a drafted step was judged to pay since the last wave joined (speculation went
+    # on, or a probe passed): only then does a new wave start the plain waits over.
+    _wave_paid: bool = field(default=True, repr=False)
 
     def __post_init__(self) -> None:
         """Refuse an adaptive mode without a latency model; settle the width ladder."""
@@ -438,10 +441,17 @@ class Controller:
         judged against the old wait, those first steps doubled it into dormancy (`dormant`),
         and the wave's requests decoded plainly to their end. Now the wave's waits double from
         one plain step, and its prefill writes every joiner's drafter context (`dormant` is
-        false while a wave joins). A batch that speculates goes on as it was."""
+        false while a wave joins). A batch that speculates goes on as it was.
+
+        Only a wave after one in which speculation was judged to pay (it went on, or a probe
+        passed) starts over. Where no probe passes, as where short requests end and join in
+        waves every few dozen steps, each restart's doubling waits drafted one probe in about
+        13 steps instead of the share `_probe_wait` allows; such waves keep the wait, and a
+        probe that passes in one of them lets the next wave start over."""
         if self._wave_joined(batch):
             self._resumed = None  # speculation since a probe: the old requests' to judge
-            if self.backoff > 0:  # waiting: the measured rates judge the wave afresh
+            paid, self._wave_paid = self._wave_paid, False
+            if self.backoff > 0 and paid:  # the measured rates judge the wave afresh
                 self.backoff = self.plain_left = 0
                 self._probed = self._sample_passed = False
                 self._probe, self._plain_kinds = (0, 0.0, 0.0), frozenset()
@@ -614,7 +624,7 @@ class Controller:
                 if steps and ms > 0:  # from what the probe measured, not the rate before it
                     self.spec_rate[batch] = tokens / ms
             self.backoff, self._probed, self._plain_kinds = 0, False, frozenset()
-            self._sample_passed = False
+            self._sample_passed, self._wave_paid = False, True
             return False
         self._wait_plainly(batch)
         return True

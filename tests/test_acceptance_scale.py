@@ -603,6 +603,53 @@ def test_a_new_wave_of_accepting_requests_starts_the_plain_waits_over():
     assert controller.backoff <= 2, kinds
 
 
+def test_a_wave_after_one_where_no_probe_passed_keeps_the_wait():
+    # The first wave's waits started over and no probe passed since: the next wave's probes
+    # stay as rare as the wait has grown, and its prefill still writes every joiner's
+    # drafter context.
+    controller = dormant_controller()
+    controller.requests_joined(frozenset({GREEDY}), 8, frozenset({GREEDY}))
+    controller.drafts_this_step(16)
+    assert controller.backoff <= 1  # this wave starts over: the one before it speculated
+    while not controller.dormant(16):
+        serve_sampled(controller, 1, accept=1.5)
+    backoff = controller.backoff
+    controller.requests_joined(frozenset({GREEDY}), 8, frozenset({GREEDY}))
+    assert not controller.dormant(16)
+    controller.drafts_this_step(16)
+    assert controller.backoff == backoff and controller.dormant(16)
+
+
+def test_short_requests_joining_in_waves_do_not_multiply_the_probes():
+    # Half the batch ends and joins every 32 steps and trees never pay: after the first
+    # waves, probes come once per wait of the doubling's cap, not five times per wave.
+    controller = Controller(
+        "static", 64, "uniform", model(), learn_acceptance=True, measure_overhead=True
+    )  # fmt: skip
+    kinds = []
+    for _ in range(40):
+        controller.requests_joined(frozenset({GREEDY}), 8, frozenset({GREEDY}))
+        kinds += serve_sampled(controller, 32, accept=1.5)[0]
+    tail = kinds[-640:]
+    assert tail.count("sampled") <= len(tail) // controller.max_backoff + 1, kinds
+    assert tail.count("full") == 0, kinds
+
+
+def test_a_probe_that_passes_lets_the_next_wave_start_the_waits_over():
+    controller = dormant_controller()
+    controller.requests_joined(frozenset({GREEDY}), 8, frozenset({GREEDY}))
+    serve_sampled(controller, 200, accept=1.5)  # this wave's probes all lose
+    for _ in range(1000):  # then a sample passes, and its full probe
+        if controller.backoff == 0:
+            break
+        serve_sampled(controller, 1, accept=5.0)
+    serve_sampled(controller, 200, accept=1.5)  # and speculation loses again
+    assert controller.backoff > 1
+    controller.requests_joined(frozenset({GREEDY}), 8, frozenset({GREEDY}))
+    controller.drafts_this_step(16)
+    assert controller.backoff <= 1
+
+
 def test_a_new_wave_does_not_judge_the_old_requests_resumed_speculation():
     # A probe passed after a long wait; the speculation it resumed is judged against that
     # wait (lost: the next wait doubles it). A new wave's first poor steps are not that.
