@@ -194,8 +194,7 @@ def observe(
     (``lengths`` [B]: the requests' sequence lengths the step drafted from)."""
     pool = state.kind.index_select(0, slots) * AGES + ages(state, slots, lengths)  # [B]
     # [2 * A]: pool_decay where this step observed the pool, 1 elsewhere
-    hit = torch.zeros_like(state.pool_predicted).view(-1).index_fill_(0, pool, 1.0)
-    decay = 1.0 - (1.0 - state.pool_decay) * hit
+    decay = torch.ones_like(state.pool_predicted).view(-1).index_fill_(0, pool, state.pool_decay)
     for pooled, new in ((state.pool_predicted, predicted), (state.pool_realised, realised)):
         pooled.view(-1).mul_(decay).index_add_(0, pool, new)
     expected = predicted * _pooled(state, slots, lengths)  # [B]: what the pools now expect
