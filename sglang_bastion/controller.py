@@ -48,7 +48,12 @@ pair 13 ms above an 8-node one, and the two cost the same), and each width's mea
 overhead corrects its price. A width's overhead starts from its batch size's and moves by
 ``ema_alpha`` per sample, and a sample counts at most 1.5 times the width's priced cycle: a
 width seldom verified is priced by few samples, and one slow first pass or stall would
-otherwise price it out for good. At a batch of at most ``probe_rows`` requests, every
+otherwise price it out for good. A packed pass's tokens per request vary inside its width
+(a width of 8 holds 5 to 8), and there the overhead's slope against the model's cycle is
+learned too (`width_slope`): at batch 16 on a CPU host, the served verify rose 2.3 ms from 4 to
+8 tokens a request where the profile prices 4.1, so the profile's rise alone cut trees short.
+The slope is shrunk towards the profile's and kept in [-1, 1], so a price never falls as
+tokens are added. At a batch of at most ``probe_rows`` requests, every
 ``explore_every``-th speculative step verifies the ladder width next to the chosen one, wider
 and narrower in turn, so a width the profile overprices is measured and then taken, and the
 widths beside the chosen one stay measured (at the widest width, the narrower alone).
@@ -232,6 +237,17 @@ class Controller:
     # profile overprices, and those beside the chosen one, get measured too.
     width_overheads: bool = False
     width_overhead_ms: dict[int, dict[int, float]] = field(default_factory=dict)
+    # A packed pass's tokens per request vary inside a width's range (a width of 8 holds 5 to 8),
+    # where the profile's price still rises with them. Its served cycle may not (on a CPU host
+    # a 16-request pass of 72 tokens and one of 128 cost the same): with width overheads, the
+    # overhead's slope against the model's cycle inside a width is learned too (batch size ->
+    # EMA of u^2 and u*v, u and v the cycle's and the overhead's deviations from the width's
+    # means, as shares of the width's mean cycle), shrunk towards the profile's slope by
+    # ``slope_prior`` and kept in [-1, 1], so a price never falls as tokens are added.
+    width_cycle_ms: dict[int, dict[int, float]] = field(default_factory=dict)  # B -> W -> EMA
+    width_slope_moments: dict[int, tuple[float, float]] = field(default_factory=dict)
+    slope_alpha: float = 0.05
+    slope_prior: float = 1e-3  # a spread of about 3% of the cycle weighs as much as no slope
     explore_every: int = 16
     _since_explore: int = field(default=0, repr=False)
     _explored_wider: bool = field(default=False, repr=False)  # the last exploration's side
@@ -495,7 +511,9 @@ class Controller:
         model_plain = False  # whether the model prices a plain step above every tree
         ragged = total = None  # a packed pass: each request's size, priced by all its tokens
         if self.layout == "global" and self.packs_ragged:
-            total = self._total_cost(batch, context, overhead, trees.max_nodes, device, widened)
+            total, modelled = self._total_cost(
+                batch, context, overhead, trees.max_nodes, device, widened
+            )
             allowed = self._allowed_totals(batch, trees.max_nodes, device)  # [B*N]
             sizes, goodput = global_sizes(accepted, num_nodes, total, allowed)
             sizes = torch.minimum(sizes, trees.num_nodes)  # a sampled probe's others: roots
@@ -546,10 +564,15 @@ class Controller:
         plain = learning and not sampled and self._steps_plainly(model_plain, batch)
         if plain:  # this step drafted already: what it costs is the width-1 cycle
             sizes, width, ragged = sizes.new_ones(batch), 1, None
-        cycle = float(cost[width - 1] if ragged is None else total[sum(ragged) - 1])
         keyed = 0 if plain or sampled else self._overhead_width(width, ragged, batch)
-        if widened is not None:  # the overhead the cycle was priced with
-            overhead = float(widened[(keyed or 1) - 1])
+        if ragged is None:
+            cycle = float(cost[width - 1])
+            if widened is not None:  # the overhead the cycle was priced with
+                overhead = float(widened[(keyed or 1) - 1])
+        else:  # a packed pass: its overhead is all its price beyond the model's cycle
+            at = sum(ragged) - 1
+            cycle, model_cycle = torch.stack([total[at], modelled[at]]).tolist()
+            overhead = cycle - model_cycle
         verify_ms = cycle - overhead - self.model.aux_ms(batch)
         expected = _at(accepted, sizes)
         return Decision(
@@ -775,9 +798,10 @@ class Controller:
     def _total_cost(
         self, batch: int, context: float, overhead: float, nodes: int, device: torch.device,
         widened: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # fmt: skip
-        """[B*N] predicted cycle ms of a ragged pass over T = 1..B*N tokens in all
-        (``widened`` [N]: per-width overheads, each T priced at ceil(T / B) per request)."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """([B*N] predicted cycle ms, [B*N] the model's part of it) of a ragged pass over
+        T = 1..B*N tokens in all (``widened`` [N]: per-width overheads, each T priced at
+        ceil(T / B) per request, plus the learned slope inside each width)."""
         bucket = round(context / self.context_bucket) * self.context_bucket
         key = ("total", batch, bucket, nodes, str(device))
         verify = _cached(  # [B*N]: priced at T / B tokens per request
@@ -786,10 +810,41 @@ class Controller:
                 batch, total_tokens(batch, nodes), bucket, self.mode
             ).to(device),
         )  # fmt: skip
+        modelled = self.model.aux_ms(batch) + self.gamma_at(batch) * verify  # [B*N]
         if widened is None:
-            return (self.model.aux_ms(batch) + overhead) + self.gamma_at(batch) * verify
+            return modelled + overhead, modelled
         per_total = to_device(widened.repeat_interleave(batch), device)  # [B*N]: ceil(T / B)
-        return (self.model.aux_ms(batch) + self.gamma_at(batch) * verify) + per_total
+        beta = self.width_slope(batch)
+        if beta:  # inside each measured width, its slope: [2, N] the slope (0: unmeasured), mean
+            anchors = self.width_cycle_ms[batch]
+            at = [(beta, anchors[w]) if w in anchors else (0.0, 0.0) for w in self._ladder]
+            slope, anchor = to_device(torch.tensor(at, dtype=torch.float64).T, device)  # [2, N]
+            per_total = per_total + slope.repeat_interleave(batch) * (
+                modelled - anchor.repeat_interleave(batch)
+            )  # [B*N]
+        return modelled + per_total, modelled
+
+    def width_slope(self, batch: int) -> float | None:
+        """The overhead's learned slope inside a width at this batch size, as a share of the
+        model's cycle (None: not measured)."""
+        moments = self.width_slope_moments.get(batch)
+        if moments is None or not self.width_cycle_ms.get(batch):
+            return None
+        return min(1.0, max(-1.0, moments[1] / (moments[0] + self.slope_prior)))
+
+    def _fold_slope(self, batch: int, width: int, model_cycle: float, deviation: float) -> None:
+        """Fold one packed pass's model cycle and its overhead's deviation from its width's
+        into the width's mean cycle and the batch size's slope moments."""
+        anchors = self.width_cycle_ms.setdefault(batch, {})
+        anchor = anchors.get(width)
+        if anchor is None or anchor <= 0:
+            anchors[width] = model_cycle
+            return
+        u, v = (model_cycle - anchor) / anchor, deviation / anchor
+        uu, uv = self.width_slope_moments.get(batch, (0.0, 0.0))
+        a = self.slope_alpha
+        self.width_slope_moments[batch] = (uu + a * (u * u - uu), uv + a * (u * v - uv))
+        anchors[width] = anchor + self.ema_alpha * (model_cycle - anchor)
 
     def _allowed_totals(self, batch: int, nodes: int, device: torch.device) -> torch.Tensor:
         """[B*N] bool `allowed_totals` on ``device``, made once per batch size."""
@@ -847,6 +902,8 @@ class Controller:
             # times the width's priced cycle (a stall, a first pass)
             was = widths.get(decision.overhead_width, sample if old is None else old)
             capped = min(sample, 1.5 * decision.predicted_cycle_ms - model_cycle)
+            if decision.ragged is not None:  # a packed pass: the slope inside its width
+                self._fold_slope(batch, decision.overhead_width, model_cycle, capped - was)
             widths[decision.overhead_width] = was + self.ema_alpha * (capped - was)
         self._count_probe_loss(decision, batch, period_ms, emitted)
         if not decision.drafted:

@@ -295,6 +295,11 @@ class BastionWorker(DFlashWorkerV2):
                 str(b): by_batch(widths, 3)
                 for b, widths in sorted(self.controller.width_overhead_ms.items())
             },
+            "width_slope": {  # batch size -> the overhead's learned slope inside a width
+                str(b): round(slope, 3)
+                for b in sorted(self.controller.width_slope_moments)
+                if (slope := self.controller.width_slope(b)) is not None
+            },
             # measured tokens per request per second: speculative and plain steps
             "speculative_rate": by_batch(self.controller.spec_rate, 2, 1e3),
             "plain_rate": by_batch(self.controller.plain_rate, 2, 1e3),

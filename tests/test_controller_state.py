@@ -406,3 +406,84 @@ def test_a_packed_pass_takes_its_token_count_from_the_totals_ladder(batch, explo
             assert explore_every and decision.width in budget.widths
         else:
             assert sum(decision.ragged) == batch or sum(decision.ragged) in ladder
+
+
+def packed_step(budget: Controller, batch: int, per_request: int) -> controller.Decision:
+    """A packed pass of ``per_request`` tokens for every request, priced as `decide` prices
+    it at contexts of 256."""
+    total, modelled = budget._total_cost(batch, 256.0, 0.0, budget.max_nodes, torch.device("cpu"),
+                                         budget._width_overheads(batch, 0.0))  # fmt: skip
+    at = batch * per_request - 1
+    cycle, model_cycle = float(total[at]), float(modelled[at])
+    return controller.Decision(
+        torch.full((batch,), per_request), per_request, model_cycle - 1.0, cycle,
+        cycle - model_cycle, ragged=(per_request,) * batch,
+        overhead_width=budget._overhead_width(per_request, (per_request,) * batch, batch),
+    )  # fmt: skip
+
+
+def served(budget: Controller, batch: int, period_ms) -> None:
+    """Two hundred packed passes of 5 to 8 tokens per request, each served in
+    ``period_ms(model cycle)``."""
+    for step in range(200):
+        decision = packed_step(budget, batch, 5 + step % 4)
+        model_cycle = decision.predicted_cycle_ms - decision.overhead_ms
+        budget.observe_period(decision, batch, period_ms(model_cycle))
+
+
+def priced_rise(budget: Controller, batch: int) -> tuple[float, float]:
+    """(priced, modelled) rise of the cycle from 5 to 8 tokens per request."""
+    total, modelled = budget._total_cost(batch, 256.0, 0.0, budget.max_nodes, torch.device("cpu"),
+                                         budget._width_overheads(batch, 0.0))  # fmt: skip
+    five, eight = 5 * batch - 1, 8 * batch - 1
+    return float(total[eight] - total[five]), float(modelled[eight] - modelled[five])
+
+
+def test_a_packed_width_served_at_one_cost_learns_that_its_tokens_cost_nothing_more():
+    # 64 requests: the H100 pass is compute-bound, so the profile prices 8 tokens a request
+    # above 5; served, the passes of that width all take the same time
+    budget = width_priced("global", explore_every=0)
+    budget.width_overhead_ms[64] = {w: 2.0 for w in budget.widths}
+    flat = packed_step(budget, 64, 8).predicted_cycle_ms
+    served(budget, 64, lambda model_cycle: flat)
+    priced, modelled = priced_rise(budget, 64)
+    assert modelled > 0.5 and priced < 0.3 * modelled
+    assert budget.width_slope(64) < -0.7
+
+
+def test_a_packed_width_served_as_the_profile_prices_it_keeps_the_profiles_rise():
+    budget = width_priced("global", explore_every=0)
+    budget.width_overhead_ms[64] = {w: 2.0 for w in budget.widths}
+    served(budget, 64, lambda model_cycle: model_cycle + 2.0)
+    priced, modelled = priced_rise(budget, 64)
+    assert priced == pytest.approx(modelled, rel=0.05)
+
+
+def test_a_packed_price_never_falls_as_tokens_are_added_whatever_the_periods():
+    budget = width_priced("global", explore_every=0)
+    budget.width_overhead_ms[64] = {w: 2.0 for w in budget.widths}
+    flat = packed_step(budget, 64, 8).predicted_cycle_ms
+    served(budget, 64, lambda model_cycle: 2 * flat - model_cycle)  # cheaper as tokens are added
+    assert budget.width_slope(64) == -1.0
+    total, _ = budget._total_cost(64, 256.0, 0.0, 16, torch.device("cpu"),
+                                  budget._width_overheads(64, 0.0))  # fmt: skip
+    inside = total[4 * 64 : 8 * 64]  # T = 4B+1 .. 8B: the width of 8
+    assert bool((inside.diff() >= -1e-9).all())
+
+
+def test_a_width_served_at_one_cost_gets_more_tokens_from_the_global_budget():
+    tree, context = trees(64, 16), torch.full((64,), 256)
+    fresh = width_priced("global", explore_every=0)
+    fresh.width_overhead_ms[64] = {w: 2.0 for w in fresh.widths}
+    learned = width_priced("global", explore_every=0)
+    learned.width_overhead_ms[64] = {w: 2.0 for w in learned.widths}
+    flat = packed_step(learned, 64, 5).predicted_cycle_ms  # what 5 tokens are priced
+    served(learned, 64, lambda model_cycle: flat)
+    before, after = fresh.decide(tree, context), learned.decide(tree, context)
+    assert sum(after.ragged) > sum(before.ragged)
+    tokens = torch.tensor(sum(after.ragged) / 64, dtype=torch.float64)
+    verify = float(learned.model.verify_price_ms(64, tokens, 256, "static"))
+    # the slope's part of the price is overhead: what a period is measured against is the model
+    assert after.predicted_cycle_ms - after.overhead_ms == pytest.approx(
+        verify + learned.model.aux_ms(64)
+    )
