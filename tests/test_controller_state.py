@@ -408,17 +408,29 @@ def test_a_packed_pass_takes_its_token_count_from_the_totals_ladder(batch, explo
             assert sum(decision.ragged) == batch or sum(decision.ragged) in ladder
 
 
+def sloped(batch: int = 64) -> Controller:
+    """A packed global controller whose every width at ``batch`` has an overhead of 2 ms."""
+    budget = width_priced("global", explore_every=0)
+    budget.width_overhead_ms[batch] = {w: 2.0 for w in budget.widths}
+    return budget
+
+
+def priced(budget: Controller, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B*N] priced cycle, [B*N] the model's part) of packed passes at contexts of 256."""
+    widened = budget._width_overheads(batch, 0.0)
+    return budget._total_cost(batch, 256.0, 0.0, budget.max_nodes, torch.device("cpu"), widened)
+
+
 def packed_step(budget: Controller, batch: int, per_request: int) -> controller.Decision:
-    """A packed pass of ``per_request`` tokens for every request, priced as `decide` prices
-    it at contexts of 256."""
-    total, modelled = budget._total_cost(batch, 256.0, 0.0, budget.max_nodes, torch.device("cpu"),
-                                         budget._width_overheads(batch, 0.0))  # fmt: skip
+    """A packed pass of ``per_request`` tokens for every request, priced as `decide` prices it."""
+    total, modelled = priced(budget, batch)
     at = batch * per_request - 1
     cycle, model_cycle = float(total[at]), float(modelled[at])
+    ragged = (per_request,) * batch
     return controller.Decision(
         torch.full((batch,), per_request), per_request, model_cycle - 1.0, cycle,
-        cycle - model_cycle, ragged=(per_request,) * batch,
-        overhead_width=budget._overhead_width(per_request, (per_request,) * batch, batch),
+        cycle - model_cycle, ragged=ragged,
+        overhead_width=budget._overhead_width(per_request, ragged, batch),
     )  # fmt: skip
 
 
@@ -433,8 +445,7 @@ def served(budget: Controller, batch: int, period_ms) -> None:
 
 def priced_rise(budget: Controller, batch: int) -> tuple[float, float]:
     """(priced, modelled) rise of the cycle from 5 to 8 tokens per request."""
-    total, modelled = budget._total_cost(batch, 256.0, 0.0, budget.max_nodes, torch.device("cpu"),
-                                         budget._width_overheads(batch, 0.0))  # fmt: skip
+    total, modelled = priced(budget, batch)
     five, eight = 5 * batch - 1, 8 * batch - 1
     return float(total[eight] - total[five]), float(modelled[eight] - modelled[five])
 
@@ -442,48 +453,41 @@ def priced_rise(budget: Controller, batch: int) -> tuple[float, float]:
 def test_a_packed_width_served_at_one_cost_learns_that_its_tokens_cost_nothing_more():
     # 64 requests: the H100 pass is compute-bound, so the profile prices 8 tokens a request
     # above 5; served, the passes of that width all take the same time
-    budget = width_priced("global", explore_every=0)
-    budget.width_overhead_ms[64] = {w: 2.0 for w in budget.widths}
+    budget = sloped()
     flat = packed_step(budget, 64, 8).predicted_cycle_ms
     served(budget, 64, lambda model_cycle: flat)
-    priced, modelled = priced_rise(budget, 64)
-    assert modelled > 0.5 and priced < 0.3 * modelled
+    rise, modelled = priced_rise(budget, 64)
+    assert modelled > 0.5 and rise < 0.3 * modelled
     assert budget.width_slope(64) < -0.7
 
 
 def test_a_packed_width_served_as_the_profile_prices_it_keeps_the_profiles_rise():
-    budget = width_priced("global", explore_every=0)
-    budget.width_overhead_ms[64] = {w: 2.0 for w in budget.widths}
+    budget = sloped()
     served(budget, 64, lambda model_cycle: model_cycle + 2.0)
-    priced, modelled = priced_rise(budget, 64)
-    assert priced == pytest.approx(modelled, rel=0.05)
+    rise, modelled = priced_rise(budget, 64)
+    assert rise == pytest.approx(modelled, rel=0.05)
 
 
 def test_a_packed_price_never_falls_as_tokens_are_added_whatever_the_periods():
-    budget = width_priced("global", explore_every=0)
-    budget.width_overhead_ms[64] = {w: 2.0 for w in budget.widths}
+    budget = sloped()
     flat = packed_step(budget, 64, 8).predicted_cycle_ms
     served(budget, 64, lambda model_cycle: 2 * flat - model_cycle)  # cheaper as tokens are added
     assert budget.width_slope(64) == -1.0
-    total, _ = budget._total_cost(64, 256.0, 0.0, 16, torch.device("cpu"),
-                                  budget._width_overheads(64, 0.0))  # fmt: skip
+    total, _ = priced(budget, 64)
     inside = total[4 * 64 : 8 * 64]  # T = 4B+1 .. 8B: the width of 8
     assert bool((inside.diff() >= -1e-9).all())
 
 
 def test_a_width_served_at_one_cost_gets_more_tokens_from_the_global_budget():
     tree, context = trees(64, 16), torch.full((64,), 256)
-    fresh = width_priced("global", explore_every=0)
-    fresh.width_overhead_ms[64] = {w: 2.0 for w in fresh.widths}
-    learned = width_priced("global", explore_every=0)
-    learned.width_overhead_ms[64] = {w: 2.0 for w in learned.widths}
-    flat = packed_step(learned, 64, 5).predicted_cycle_ms  # what 5 tokens are priced
+    fresh, learned = sloped(), sloped()
+    flat = packed_step(learned, 64, 5).predicted_cycle_ms  # what 5 tokens a request are priced
     served(learned, 64, lambda model_cycle: flat)
     before, after = fresh.decide(tree, context), learned.decide(tree, context)
     assert sum(after.ragged) > sum(before.ragged)
     tokens = torch.tensor(sum(after.ragged) / 64, dtype=torch.float64)
     verify = float(learned.model.verify_price_ms(64, tokens, 256, "static"))
-    # the slope's part of the price is overhead: what a period is measured against is the model
+    # the slope's part of the price is overhead: a period is measured against the model alone
     assert after.predicted_cycle_ms - after.overhead_ms == pytest.approx(
         verify + learned.model.aux_ms(64)
     )
