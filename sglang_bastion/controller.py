@@ -238,8 +238,9 @@ class Controller:
     width_overheads: bool = False
     width_overhead_ms: dict[int, dict[int, float]] = field(default_factory=dict)
     # A packed pass's tokens per request vary inside a width's range (a width of 8 holds 5 to 8),
-    # where the profile's price still rises with them. Its served cycle may not (on a CPU host
-    # a 16-request pass of 72 tokens and one of 128 cost the same): with width overheads, the
+    # where the profile's price still rises with them, and the served cycle may rise less (on
+    # a CPU host, 2.3 ms from 64 to 128 tokens at batch 16 where the profile prices 4.1 ms,
+    # `benchmarks/results/served_widths_amd_c16/`): with width overheads, the
     # overhead's slope against the model's cycle inside a width is learned too (batch size ->
     # EMA of u^2 and u*v, u and v the cycle's and the overhead's deviations from the width's
     # means, as shares of the width's mean cycle), shrunk towards the profile's slope by
