@@ -237,14 +237,10 @@ class Controller:
     # profile overprices, and those beside the chosen one, get measured too.
     width_overheads: bool = False
     width_overhead_ms: dict[int, dict[int, float]] = field(default_factory=dict)
-    # A packed pass's tokens per request vary inside a width's range (a width of 8 holds 5 to 8),
-    # where the profile's price still rises with them, and the served cycle may rise less (on
-    # a CPU host, 2.3 ms from 64 to 128 tokens at batch 16 where the profile prices 4.1 ms,
-    # `benchmarks/results/served_widths_amd_c16/`): with width overheads, the
-    # overhead's slope against the model's cycle inside a width is learned too (batch size ->
-    # EMA of u^2 and u*v, u and v the cycle's and the overhead's deviations from the width's
-    # means, as shares of the width's mean cycle), shrunk towards the profile's slope by
-    # ``slope_prior`` and kept in [-1, 1], so a price never falls as tokens are added.
+    # The overhead's slope inside a packed width (module doc, `width_slope`): batch size ->
+    # ladder width -> EMA of the model cycle its passes were priced at, and batch size -> EMA
+    # of u^2 and u*v, u and v a pass's cycle and overhead deviations from its width's means as
+    # shares of the width's mean cycle (`benchmarks/results/served_widths_amd_c16/`).
     width_cycle_ms: dict[int, dict[int, float]] = field(default_factory=dict)  # B -> W -> EMA
     width_slope_moments: dict[int, tuple[float, float]] = field(default_factory=dict)
     slope_alpha: float = 0.05
