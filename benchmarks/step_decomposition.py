@@ -2,10 +2,11 @@
 
 python benchmarks/step_decomposition.py --model-path T --draft-model-path D \
     [--methods bastion-8,dflash,bastion-adaptive] [--concurrency 1,16,64] [--seconds 20] \
-    [--rate 100] [--output-len 64] [--profile P] [--out DIR]
+    [--rate 100] [--output-len 64] [--temperature 0] [--profile P] [--out DIR]
 
 The paper's Table 3 on this machine. For each method a real server runs under a steady load
-of ``C`` clients sending greedy, non-streaming HumanEval requests (``ignore_eos``); py-spy then
+of ``C`` clients sending non-streaming HumanEval requests (``ignore_eos``; greedy unless
+``--temperature``: at 1 the adaptive server's plain steps against SGLang's decode); py-spy then
 samples the scheduler process for ``--seconds`` and every sample of its main thread is put in
 a stage of the step (``step_stages.py``). The server logs one "Decode batch" line per decode
 step (``--decode-log-interval 1``, the CPU recipe's), which counts the steps of the window.
@@ -57,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=20.0, help="sampled window per cell")
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     parser.add_argument("--output-len", type=int, default=64, help="tokens per request")
+    parser.add_argument("--temperature", type=float, default=0.0, help="the requests' temperature")
     parser.add_argument("--profile", type=Path, help="latency profile for bastion-adaptive")
     parser.add_argument("--adaptive-max-nodes", type=int, help="N_max of bastion-adaptive")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder")
@@ -75,10 +77,13 @@ def scheduler_pid(port: int) -> int:
 
 
 def steady_load(
-    url: str, prompts: list[str], clients: int, tokens: int, stop: threading.Event
-) -> list[threading.Thread]:
-    """``clients`` threads sending one greedy request after another until ``stop``."""
-    body = {"sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}}
+    url: str, prompts: list[str], clients: int, tokens: int, stop: threading.Event,
+    temperature: float = 0.0,
+) -> list[threading.Thread]:  # fmt: skip
+    """``clients`` threads sending one request after another until ``stop`` (greedy unless
+    ``temperature``)."""
+    params = {"max_new_tokens": tokens, "temperature": temperature, "ignore_eos": True}
+    body = {"sampling_params": params}
 
     def client(i: int) -> None:
         k = i
@@ -102,9 +107,9 @@ def measure_cell(
     url: str, log: Path, prompts: list[str], clients: int, args: argparse.Namespace
 ) -> dict:
     """One (method, C) cell: samples per stage, steps and wall time of the sampled window."""
-    warm_up(url, prompts, clients, 16)  # every batch size once, short
+    warm_up(url, prompts, clients, 16, args.temperature)  # every batch size once, short
     stop = threading.Event()
-    threads = steady_load(url, prompts, clients, args.output_len, stop)
+    threads = steady_load(url, prompts, clients, args.output_len, stop, args.temperature)
     time.sleep(3.0 + 0.1 * clients)  # every client's first request in flight
     pid = scheduler_pid(int(url.rsplit(":", 1)[1]))
     out = log.with_suffix(f".c{clients}.pyspy.txt")

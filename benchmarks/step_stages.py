@@ -57,6 +57,7 @@ BASTION_MARKERS = (
     ("TreeBatch.roots", "", "tree build", None),
     ("verify_inputs", "", "verify inputs", None),
     ("BastionWorker._verify", "", "verify forward", None),
+    ("BastionWorker._decode_roots", "", "verify forward", None),  # a plain step's decode
     ("DFlashVerifyInput.prepare_for_verify", "", "verify inputs", "verify forward"),
     ("BastionWorker._plan", "", "verify inputs", "verify forward"),
     ("init_forward_metadata", "", "verify inputs", "verify forward"),

@@ -53,15 +53,17 @@ EVIDENCE = 2.0  # predicted drafts (decayed) a pool needs before its rho counts
 
 @dataclass(frozen=True)
 class AcceptanceScale:
-    """Decayed predicted and realised accepted drafts, per kind and age and per request slot."""
+    """Decayed predicted and realised accepted drafts, per kind and age and per request slot.
 
-    expected: torch.Tensor  # [P] float32: per request slot, its pool's predicted drafts
-    realised: torch.Tensor  # [P] float32: per request slot, its accepted drafts
-    weight: torch.Tensor  # [P] float32: the prior's weight left (``prior``, decayed per step)
-    kind: torch.Tensor  # [P] long: GREEDY or SAMPLED
-    start: torch.Tensor  # [P] long: the sequence length the request started decoding at
-    pool_predicted: torch.Tensor  # [2, A] float32: per kind (GREEDY, SAMPLED) and age
-    pool_realised: torch.Tensor  # [2, A] float32
+    Each step reads and writes a request's numbers together: one row per slot, one flat
+    vector per quantity over the 2 x A pools (kind-major), so a step costs a few tensor ops.
+    """
+
+    slot: torch.Tensor  # [P, 3] float32: per slot, its pool's predicted drafts, its realised
+    # drafts and the prior's weight left (``prior``, decayed per step): SLOT_* columns
+    pool_of: torch.Tensor  # [P, 2] long: per slot, its kind's first pool (kind * A), its start
+    # (the sequence length the request started decoding at)
+    pools: torch.Tensor  # [2, 2 * A] float32: predicted, realised drafts of each (kind, age)
     edges: torch.Tensor  # [A-1] long: AGE_EDGES
     # weight of a request's past per new step (about 10 steps of memory): a greedy step accepts
     # anything from none to the tree's depth, and a shorter memory shrinks a request's trees,
@@ -75,6 +77,9 @@ class AcceptanceScale:
     prior: float = 2.0  # weight, in its pool's expected drafts, of a new request's prior u = 1
 
 
+SLOT_EXPECTED, SLOT_REALISED, SLOT_WEIGHT = 0, 1, 2  # AcceptanceScale.slot's columns
+
+
 def new_acceptance_scale(
     slots: int,
     device: torch.device | str,
@@ -86,13 +91,12 @@ def new_acceptance_scale(
         raise ValueError(f"decay must be in (0, 1), got {decay}")
     if prior <= 0:
         raise ValueError(f"prior must be positive, got {prior}")
-    zeros = torch.zeros(slots, dtype=torch.float32, device=device)  # [P]
-    pool = torch.ones(2, AGES, dtype=torch.float32, device=device)  # [2, A]
+    slot = torch.zeros(slots, 3, dtype=torch.float32, device=device)  # [P, 3]
+    slot[:, SLOT_WEIGHT] = prior
     return AcceptanceScale(
-        expected=zeros, realised=zeros.clone(), weight=torch.full_like(zeros, prior),
-        kind=torch.zeros(slots, dtype=torch.long, device=device),  # [P]
-        start=torch.zeros(slots, dtype=torch.long, device=device),  # [P]
-        pool_predicted=pool, pool_realised=pool.clone(),
+        slot=slot,
+        pool_of=torch.zeros(slots, 2, dtype=torch.long, device=device),  # [P, 2]
+        pools=torch.ones(2, 2 * AGES, dtype=torch.float32, device=device),  # [2, 2A]
         edges=torch.tensor(AGE_EDGES, dtype=torch.long, device=device),  # [A-1]
         decay=decay, prior=prior,
     )  # fmt: skip
@@ -101,11 +105,11 @@ def new_acceptance_scale(
 def accepting_kinds(state: AcceptanceScale, least: float = ACCEPTING) -> frozenset[int]:
     """The kinds (GREEDY, SAMPLED) whose drafts are accepted: over the kind's pools with
     evidence (``EVIDENCE`` predicted drafts, decayed), realised drafts at least ``least`` of
-    the predicted. A host read of the [2, A] pools: for the prefill path, never the decode
+    the predicted. A host read of the [2, 2A] pools: for the prefill path, never the decode
     step."""
-    evident = (state.pool_predicted >= EVIDENCE).to(state.pool_predicted.dtype)  # [2, A]
-    predicted = (state.pool_predicted * evident).sum(dim=1)  # [2]
-    realised = (state.pool_realised * evident).sum(dim=1)  # [2]
+    pools = state.pools.view(2, 2, AGES)  # [predicted / realised, kind, age]
+    evident = (pools[0] >= EVIDENCE).to(pools.dtype)  # [2, A]
+    predicted, realised = (pools * evident).sum(dim=2)  # [2] each: per kind
     accepted = ((predicted > 0) & (realised >= least * predicted)).tolist()
     return frozenset(kind for kind, yes in enumerate(accepted) if yes)
 
@@ -129,31 +133,29 @@ def start_requests(
     state: AcceptanceScale, slots: torch.Tensor, kinds: torch.Tensor, lengths: torch.Tensor
 ) -> None:
     """Start the requests now in ``slots`` [B] of ``kinds`` [B] at sequence ``lengths`` [B]."""
-    state.expected.index_fill_(0, slots, 0.0)
-    state.realised.index_fill_(0, slots, 0.0)
-    state.weight.index_fill_(0, slots, state.prior)
-    state.kind.index_copy_(0, slots, kinds.to(torch.long))
-    state.start.index_copy_(0, slots, lengths.to(torch.long))
+    fresh = torch.tensor([0.0, 0.0, state.prior], device=state.slot.device)  # [3]
+    state.slot.index_copy_(0, slots, fresh.expand(slots.numel(), 3))
+    pool_of = torch.stack([kinds.to(torch.long) * AGES, lengths.to(torch.long)], dim=1)  # [B, 2]
+    state.pool_of.index_copy_(0, slots, pool_of)
 
 
-def ages(state: AcceptanceScale, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """[B] long: the age pool of ``slots``' requests at sequence ``lengths`` [B]."""
-    emitted = lengths.to(torch.long) - state.start.index_select(0, slots)  # [B]
-    return torch.bucketize(emitted, state.edges, right=True)
+def pool_index(state: AcceptanceScale, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """[B] long: the (kind, age) pool, kind-major, of ``slots``' requests at ``lengths`` [B]."""
+    first, start = state.pool_of.index_select(0, slots).unbind(1)  # [B] each
+    return first + torch.bucketize(lengths.to(torch.long) - start, state.edges, right=True)
 
 
-def _pooled(state: AcceptanceScale, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """[B] rho: realised over predicted drafts of ``slots``' requests' kind and age pools."""
-    rho = state.pool_realised / state.pool_predicted.clamp(min=1e-6)  # [2, A]
-    return rho.clamp(max=MAX_SCALE)[state.kind.index_select(0, slots), ages(state, slots, lengths)]
+def _pooled(state: AcceptanceScale, pool: torch.Tensor) -> torch.Tensor:
+    """[B] rho: realised over predicted drafts of the ``pool`` [B] of each request."""
+    predicted, realised = state.pools
+    return (realised / predicted.clamp(min=1e-6)).clamp(max=MAX_SCALE).index_select(0, pool)
 
 
 def scales(state: AcceptanceScale, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """[B] c in [0, MAX_SCALE] of ``slots``' requests at sequence ``lengths`` [B]."""
-    weight = state.weight.index_select(0, slots)  # [B]
-    expected = state.expected.index_select(0, slots) + weight
-    own = (state.realised.index_select(0, slots) + weight) / expected.clamp(min=1e-6)  # u
-    return (_pooled(state, slots, lengths) * own).clamp(0.0, MAX_SCALE)
+    expected, realised, weight = state.slot.index_select(0, slots).unbind(1)  # [B] each
+    own = (realised + weight) / (expected + weight).clamp(min=1e-6)  # u
+    return (_pooled(state, pool_index(state, slots, lengths)) * own).clamp(0.0, MAX_SCALE)
 
 
 def calibrated_surrogate(trees: TreeBatch, scale: torch.Tensor) -> torch.Tensor:
@@ -192,12 +194,10 @@ def observe(
 ) -> None:  # fmt: skip
     """Fold one step's [B] predicted and realised accepted drafts into pools and requests
     (``lengths`` [B]: the requests' sequence lengths the step drafted from)."""
-    pool = state.kind.index_select(0, slots) * AGES + ages(state, slots, lengths)  # [B]
-    # [2 * A]: pool_decay where this step observed the pool, 1 elsewhere
-    decay = torch.ones_like(state.pool_predicted).view(-1).index_fill_(0, pool, state.pool_decay)
-    for pooled, new in ((state.pool_predicted, predicted), (state.pool_realised, realised)):
-        pooled.view(-1).mul_(decay).index_add_(0, pool, new)
-    expected = predicted * _pooled(state, slots, lengths)  # [B]: what the pools now expect
-    for per_slot, new in ((state.expected, expected), (state.realised, realised)):
-        per_slot.index_copy_(0, slots, per_slot.index_select(0, slots) * state.decay + new)
-    state.weight.index_copy_(0, slots, state.weight.index_select(0, slots) * state.decay)
+    pool = pool_index(state, slots, lengths)  # [B]
+    # [2A]: pool_decay where this step observed the pool, 1 elsewhere
+    decay = torch.ones_like(state.pools[0]).index_fill_(0, pool, state.pool_decay)
+    state.pools.mul_(decay).index_add_(1, pool, torch.stack([predicted, realised]))
+    expected = predicted * _pooled(state, pool)  # [B]: what the pools now expect
+    new = torch.stack([expected, realised, torch.zeros_like(realised)], dim=1)  # [B, 3]
+    state.slot.index_copy_(0, slots, state.slot.index_select(0, slots) * state.decay + new)

@@ -56,6 +56,14 @@ def test_a_bastion_sample_takes_its_deepest_stage_marker():
     )
 
 
+def test_a_plain_steps_decode_counts_as_the_verify_forward():
+    plain = [*STEP, "BastionWorker._verify_trees (sglang_bastion/worker.py:520)",
+             "BastionWorker._decode_roots (sglang_bastion/worker.py:950)"]  # fmt: skip
+    assert classify([*plain, *FORWARD]) == "verify forward"
+    logits = "BastionWorker._process_logits (sglang_bastion/worker.py:600)"
+    assert classify([*plain, logits, "apply (x:1)"]) == "target tokens and acceptance"
+
+
 def test_the_kv_plan_counts_as_the_pass_it_plans():
     plan = "BastionWorker._plan (sglang_bastion/worker.py:480)"
     draft = [*STEP, "BastionWorker._draft_marginals (sglang_bastion/worker.py:460)", plan]
