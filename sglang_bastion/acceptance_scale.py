@@ -55,8 +55,8 @@ EVIDENCE = 2.0  # predicted drafts (decayed) a pool needs before its rho counts
 class AcceptanceScale:
     """Decayed predicted and realised accepted drafts, per kind and age and per request slot.
 
-    Each step reads and writes a request's numbers together: one row per slot, one flat
-    vector per quantity over the 2 x A pools (kind-major), so a step costs a few tensor ops.
+    A request's numbers are one row of its slot, and the 2 x A pools are flat (kind-major)
+    beside each other: a step reads and writes each of them with one op.
     """
 
     slot: torch.Tensor  # [P, 3] float32: per slot, its pool's predicted drafts, its realised
@@ -133,8 +133,8 @@ def start_requests(
     state: AcceptanceScale, slots: torch.Tensor, kinds: torch.Tensor, lengths: torch.Tensor
 ) -> None:
     """Start the requests now in ``slots`` [B] of ``kinds`` [B] at sequence ``lengths`` [B]."""
-    fresh = torch.tensor([0.0, 0.0, state.prior], device=state.slot.device)  # [3]
-    state.slot.index_copy_(0, slots, fresh.expand(slots.numel(), 3))
+    state.slot.index_fill_(0, slots, 0.0)
+    state.slot[:, SLOT_WEIGHT].index_fill_(0, slots, state.prior)
     pool_of = torch.stack([kinds.to(torch.long) * AGES, lengths.to(torch.long)], dim=1)  # [B, 2]
     state.pool_of.index_copy_(0, slots, pool_of)
 
