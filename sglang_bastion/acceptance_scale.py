@@ -60,7 +60,7 @@ class AcceptanceScale:
     """
 
     slot: torch.Tensor  # [P, 3] float32: per slot, its pool's predicted drafts, its realised
-    # drafts and the prior's weight left (``prior``, decayed per step): SLOT_* columns
+    # drafts and the prior's weight left (``prior``, decayed per step), in that order
     pool_of: torch.Tensor  # [P, 2] long: per slot, its kind's first pool (kind * A), its start
     # (the sequence length the request started decoding at)
     pools: torch.Tensor  # [2, 2 * A] float32: predicted, realised drafts of each (kind, age)
@@ -77,7 +77,7 @@ class AcceptanceScale:
     prior: float = 2.0  # weight, in its pool's expected drafts, of a new request's prior u = 1
 
 
-SLOT_EXPECTED, SLOT_REALISED, SLOT_WEIGHT = 0, 1, 2  # AcceptanceScale.slot's columns
+SLOT_WEIGHT = 2  # AcceptanceScale.slot's prior-weight column (`unbind` reads all three)
 
 
 def new_acceptance_scale(
