@@ -2,11 +2,12 @@
 
 python benchmarks/step_decomposition.py --model-path T --draft-model-path D \
     [--methods bastion-8,dflash,bastion-adaptive] [--concurrency 1,16,64] [--seconds 20] \
-    [--rate 100] [--output-len 64] [--temperature 0] [--profile P] [--out DIR]
+    [--rate 100] [--output-len 64] [--temperature 0] [--short] [--profile P] [--out DIR]
 
 The paper's Table 3 on this machine. For each method a real server runs under a steady load
 of ``C`` clients sending non-streaming HumanEval requests (``ignore_eos``; greedy unless
-``--temperature``: at 1 the adaptive server's plain steps against SGLang's decode); py-spy then
+``--temperature``: at 1 the adaptive server's plain steps against SGLang's decode; with
+``--short`` each prompt's first 3 lines, the sweep's short workload); py-spy then
 samples the scheduler process for ``--seconds`` and every sample of its main thread is put in
 a stage of the step (``step_stages.py``). The server logs one "Decode batch" line per decode
 step (``--decode-log-interval 1``, the CPU recipe's), which counts the steps of the window.
@@ -41,7 +42,7 @@ from step_stages import (
     parse_collapsed,
     stage_samples,
 )
-from sweep_bench import humaneval_prompts
+from sweep_bench import humaneval_prompts, short_prompts
 from sweep_methods import parse_methods, server_setup
 from sweep_server import running_server, warm_up
 
@@ -59,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     parser.add_argument("--output-len", type=int, default=64, help="tokens per request")
     parser.add_argument("--temperature", type=float, default=0.0, help="the requests' temperature")
+    parser.add_argument("--short", action="store_true", help="prompts of their first 3 lines")
     parser.add_argument("--profile", type=Path, help="latency profile for bastion-adaptive")
     parser.add_argument("--adaptive-max-nodes", type=int, help="N_max of bastion-adaptive")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder")
@@ -238,7 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     methods = parse_methods(
         names, args.draft_model_path, None, args.profile, args.adaptive_max_nodes
     )
-    prompts = [p["prompt"] for p in humaneval_prompts()]
+    problems = humaneval_prompts()
+    prompts = [p["prompt"] for p in (short_prompts(problems) if args.short else problems)]
     levels = [int(c) for c in args.concurrency.split(",")]
     logs = Path(tempfile.mkdtemp(prefix="step_decomposition_"))  # server logs, py-spy samples
     print(f"logs and samples: {logs}", flush=True)

@@ -270,6 +270,11 @@ class Controller:
     plain_every: int = 64  # speculative steps between two plain steps that measure plain rate
     spec_rate: dict[int, float] = field(default_factory=dict)  # batch size -> tokens/request/ms
     plain_rate: dict[int, float] = field(default_factory=dict)  # the same, plain steps
+    # Plain periods folded per batch size. A batch size's first plain period is not folded:
+    # the first decode forward at a batch shape runs cold (2-3x slower on a CPU), and plain
+    # steps are too rare (one in ``plain_every``) for an EMA to wash such a sample out; the
+    # next ones are averaged until ``1 / rate_alpha`` of them make the EMA.
+    plain_periods: dict[int, int] = field(default_factory=dict)
     # Plain steps' worth of time the probes of one plain wait lose (batch size -> EMA): the
     # waits then grow until probes lose at most probe_share of the time.
     probe_loss: dict[int, float] = field(default_factory=dict)
@@ -886,6 +891,8 @@ class Controller:
             self._count_probe_loss(decision, batch, period_ms, emitted)
             self._judge_sample(batch, sampled)
             return
+        if not decision.drafted and self._cold_plain(batch):
+            return
         table = self.overhead_ms if decision.drafted else self.plain_overhead_ms
         old = table.get(batch)
         if period_ms <= 0 or (old is not None and period_ms > 4 * decision.predicted_cycle_ms):
@@ -904,7 +911,7 @@ class Controller:
             widths[decision.overhead_width] = was + self.ema_alpha * (capped - was)
         self._count_probe_loss(decision, batch, period_ms, emitted)
         if not decision.drafted:
-            self._fold_rate(self.plain_rate, batch, 1.0 / period_ms)
+            self._fold_rate(self.plain_rate, batch, 1.0 / period_ms, self.plain_periods[batch])
         elif not decision.plain and emitted is not None:
             if self._resumed is not None:
                 wait, tokens, ms = self._resumed
@@ -941,10 +948,18 @@ class Controller:
         else:
             self._wait_plainly(batch)
 
-    def _fold_rate(self, table: dict[int, float], batch: int, rate: float) -> None:
-        """EMA of a measured rate (tokens per request per ms) or period (ms) at one batch size."""
+    def _cold_plain(self, batch: int) -> bool:
+        """Whether this plain period is the batch size's first (cold: not folded); counts it."""
+        seen = self.plain_periods.get(batch, -1) + 1
+        self.plain_periods[batch] = seen
+        return seen == 0
+
+    def _fold_rate(self, table: dict[int, float], batch: int, rate: float, seen: int = 0) -> None:
+        """EMA of a measured rate (tokens per request per ms) or period (ms) at one batch size;
+        ``seen``: the samples folded before this one, averaged while fewer than 1 / rate_alpha."""
         old = table.get(batch)
-        table[batch] = rate if old is None else old + self.rate_alpha * (rate - old)
+        weight = max(self.rate_alpha, 1.0 / seen) if seen > 0 else self.rate_alpha
+        table[batch] = rate if old is None else old + weight * (rate - old)
 
     def observe(self, decision: Decision, verify_ms: float) -> None:
         """Fold an observed verify time into its batch size's gamma (ema modes; else counted).

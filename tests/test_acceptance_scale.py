@@ -358,6 +358,63 @@ def test_a_step_the_measured_rates_judge_plain_spends_no_draft_pass():
     assert wasted == 0 and 0 < speculated <= 4 * controller.probe_steps, (wasted, speculated)
 
 
+def measuring() -> Controller:
+    """An adaptive controller that learns acceptance and measures its steps."""
+    return Controller(
+        "static", 64, "uniform", model(), learn_acceptance=True, measure_overhead=True
+    )
+
+
+def plain_period(controller: Controller, batch: int, period_ms: float) -> None:
+    """One plain step of ``batch`` requests that took ``period_ms``."""
+    decision = controller.plain_decision(batch, torch.full((batch,), 256), torch.device("cpu"))
+    controller.observe_period(decision, batch, period_ms, 1.0)
+
+
+def test_a_batch_sizes_first_plain_period_is_not_folded():
+    controller = measuring()
+    plain_period(controller, 16, 30.0)  # the first decode forward at this shape: cold
+    assert 16 not in controller.plain_rate and 16 not in controller.plain_overhead_ms
+    plain_period(controller, 16, 10.0)
+    assert controller.plain_rate[16] == pytest.approx(1 / 10.0)
+    plain_period(controller, 8, 30.0)  # another batch size runs its own first pass cold
+    assert 8 not in controller.plain_rate
+
+
+def test_plain_periods_are_averaged_until_the_ema_takes_over():
+    controller = measuring()
+    periods = [0.0, 10.0, 20.0, 40.0]  # the first (cold) is dropped
+    for period in periods:
+        plain_period(controller, 16, period if period else 50.0)
+    mean = sum(1 / p for p in periods[1:]) / 3
+    assert controller.plain_rate[16] == pytest.approx(mean)
+    for _ in range(3 * round(1 / controller.rate_alpha)):
+        plain_period(controller, 16, 10.0)
+    before = controller.plain_rate[16]
+    plain_period(controller, 16, 20.0)  # an EMA now: a new sample weighs rate_alpha
+    moved = (before - controller.plain_rate[16]) / (before - 1 / 20.0)
+    assert moved == pytest.approx(controller.rate_alpha)
+
+
+def test_a_cold_first_plain_step_does_not_keep_speculation_that_loses():
+    # speculative steps emit 2.5 tokens in 30 ms, plain steps one in 10 ms (trees lose), but
+    # the first plain step at the batch size runs cold, in 40 ms: judged by it, trees win
+    controller = measuring()
+    state, contexts, ids = new_acceptance_scale(4, "cpu"), torch.full((4,), 256), torch.arange(4)
+    spec, plain_steps = [], 0
+    for _ in range(80):
+        if controller.drafts_this_step(4):
+            decision = controller.decide(confident_trees(4), contexts, scales(state, ids, contexts))
+        else:
+            decision = controller.plain_decision(4, contexts, torch.device("cpu"))
+        if decision.plain:
+            plain_steps += 1
+        period = (40.0 if plain_steps == 1 else 10.0) if decision.plain else 30.0
+        controller.observe_period(decision, 4, period, 1.0 if decision.plain else 2.5)
+        spec.append(not decision.plain)
+    assert sum(spec[-40:]) <= 6, spec
+
+
 def test_speculation_that_measures_faster_goes_on():
     controller = Controller(
         "static", 64, "uniform", model(), learn_acceptance=True, measure_overhead=True
