@@ -415,6 +415,79 @@ def test_a_cold_first_plain_step_does_not_keep_speculation_that_loses():
     assert sum(spec[-40:]) <= 6, spec
 
 
+@pytest.mark.parametrize(("batch", "left", "ends", "factor"), [
+    (16, 64, 1, 64 / 49), (1, 64, 1, 1.0), (48, 64, 1, 64 / 17), (16, 15, 1, math.inf),
+    (16, 0, 0, 1.0), (16, 64, 4, 64 / 52), (16, 64, 16, 1.0),
+])  # fmt: skip
+def test_waves_must_beat_plain_steps_by_what_breaking_them_up_costs(batch, left, ends, factor):
+    # broken up, each request brings a prefill of about a plain step, where plain steps
+    # end the batch in `ends` waves of one prefill each
+    controller = measuring()
+    controller.set_wave(left, ends)
+    assert controller.wave_factor(batch) == pytest.approx(factor)
+
+
+def serve_wave(controller: Controller, steps: int, spec_ms: float, emitted: float) -> list[str]:
+    """Steps of a batch of 16 whose trees emit ``emitted`` a request in ``spec_ms`` (a plain
+    step: one in 10 ms); each step's kind: plain, sampled (a probe emitting roots) or spec."""
+    state, contexts, ids = new_acceptance_scale(16, "cpu"), torch.full((16,), 256), torch.arange(16)
+    kinds = []
+    for _ in range(steps):
+        if controller.drafts_this_step(16):
+            rows = controller.draft_rows(16)
+            sample = slice(0, rows) if rows < 16 else None
+            decision = controller.decide(confident_trees(16), contexts,
+                                         scales(state, ids, contexts), sample)  # fmt: skip
+        else:
+            decision = controller.plain_decision(16, contexts, torch.device("cpu"))
+        if decision.sampled:
+            controller.observe_period(decision, 16, spec_ms, 1.0, emitted)
+            kinds.append("sampled")
+        elif decision.plain:
+            controller.observe_period(decision, 16, 10.0, 1.0)
+            kinds.append("plain")
+        else:
+            controller.observe_period(decision, 16, spec_ms, emitted)
+            kinds.append("spec")
+    return kinds
+
+
+@pytest.mark.parametrize("wave", [True, False])
+def test_a_wave_whose_trees_pay_too_little_to_break_it_up_stays_whole(wave):
+    # trees emit 1.2x a plain step's tokens per ms: enough in a batch that is no wave, too
+    # little in a wave of 16 with 64 tokens to go (it must emit 64 / 49 = 1.31x)
+    controller = measuring()
+    serve_wave(controller, 200, spec_ms=30.0, emitted=3.6)  # the rates measured, no wave
+    controller.set_wave(64 if wave else 0)  # the batch changes: a new wave, or not one
+    kinds = serve_wave(controller, 40, spec_ms=30.0, emitted=3.6)
+    if wave:  # plain steps and sampled probes alone, which emit a token each: it stays whole
+        assert "spec" not in kinds and controller.wave_left == 64 - 40, kinds
+    else:
+        assert kinds.count("spec") >= 36, kinds
+
+
+def test_a_wave_whose_trees_pay_enough_is_broken_up_after_a_sampled_probe():
+    controller = measuring()
+    serve_wave(controller, 200, spec_ms=30.0, emitted=6.0)  # trees pay twice over
+    controller.set_wave(64)
+    kinds = serve_wave(controller, 40, spec_ms=30.0, emitted=6.0)
+    assert kinds[0] == "sampled" and kinds.count("spec") >= 36, kinds
+    assert controller.wave_left == 0  # speculation broke it up
+
+
+@pytest.mark.parametrize("before", ["speculating", "probing", "sample passed"])
+def test_a_new_wave_is_first_judged_by_a_sampled_probe_whatever_came_before(before):
+    # what the batch before it did (say, a few requests that need not end together) does
+    # not let the wave's first drafted step speculate with every request
+    controller = measuring()
+    if before != "speculating":
+        controller.backoff, controller._probed = 1, before == "probing"
+        controller._sample_passed = before == "sample passed"
+    controller.set_wave(64, 1)
+    assert controller.drafts_this_step(16)
+    assert controller.draft_rows(16) == controller.probe_rows
+
+
 def test_speculation_that_measures_faster_goes_on():
     controller = Controller(
         "static", 64, "uniform", model(), learn_acceptance=True, measure_overhead=True
