@@ -64,17 +64,6 @@ and a plain step (no draft, every request its root alone) is one of the options,
 the model until both kinds of step have measured rates at a similar batch size, then by the
 rates (`drafts_this_step`, `decide`).
 
-A batch whose requests must all run to their budgets (`worker.wave_budget`) ends, while it
-decodes plainly, at as many steps as its requests have distinct budgets, E, and the
-requests that end at one step are followed by successors that join in one prefill (a wave).
-A speculative step breaks the waves up: its requests then end one at a time, and each
-successor's prefill pays a pass's fixed cost alone, about a plain step's (on the tiny pair,
-16 short prompts prefill in 45-75 ms together and 10-14 ms each alone, against 5-7 ms a
-plain step). So where B requests end at E steps, the first with L tokens left, speculation
-pays only where it emits more per ms than plain steps by 1 / (1 - (B - E) / L), and its
-first judgement at a batch above ``probe_rows`` is a sampled probe, which keeps the waves
-whole (`wave_factor`).
-
 The adaptive widths come from a short ladder (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... and N):
 every distinct pass shape costs once (kernel primitives built on first use on CPU, one CUDA
 graph per width on GPU), and a width that changes every step would keep paying that.
@@ -320,11 +309,6 @@ class Controller:
     # Whether a drafted step was judged to pay since the last wave joined (speculation went
     # on, or a probe passed): only then does a new wave start the plain waits over.
     _wave_paid: bool = field(default=True, repr=False)
-    # While the batch's requests must run to their budgets (module doc): the tokens left to
-    # the first to end and the steps they end at; 0 when they need not.
-    wave_left: int = 0
-    wave_ends: int = 0
-    _wave_new: bool = field(default=False, repr=False)  # the batch changed since the last step
 
     def __post_init__(self) -> None:
         """Refuse an adaptive mode without a latency model; settle the width ladder."""
@@ -409,10 +393,6 @@ class Controller:
         beat is measured, not assumed.
         """
         self._new_wave(batch)
-        if self._wave_new:
-            self._wave_new = False
-            if batch > self.probe_rows and self.wave_factor(batch) > 1.0:
-                self._sample_first()
         if self.plain_left > 0:
             self.plain_left -= 1
             return False
@@ -495,38 +475,6 @@ class Controller:
                 self._probe, self._plain_kinds = (0, 0.0, 0.0), frozenset()
         self._joined, self._joined_accept = 0, False
 
-    def set_wave(self, left: int, ends: int = 1) -> None:
-        """The batch changed: its requests must run to their budgets, the first with ``left``
-        tokens to go, and plain steps end them at ``ends`` steps (0: they need not)."""
-        self.wave_left, self.wave_ends = max(0, left), max(1, ends)
-        self._wave_new = True
-
-    def _sample_first(self) -> None:
-        """Judge this batch first by a sampled probe, which emits roots alone, whether it
-        speculated or probed before (its waves would break up): a plain wait of at least one
-        step, its probe not yet under way."""
-        self.backoff = max(self.backoff, 1)
-        self._probed = self._sample_passed = False
-        self._probe, self._resumed = (0, 0.0, 0.0), None
-
-    def wave_factor(self, batch: int) -> float:
-        """How much more per ms than plain steps a speculative step of ``batch`` requests must
-        emit to pay for breaking up their waves (1.0: none to break; inf: it never can).
-
-        Plain, L tokens take L plain steps and the E waves' successors E prefills; broken up,
-        each of the B requests brings a prefill of its own, about a plain step each (module
-        doc): speculation must do L tokens in L - (B - E) plain steps' time.
-        """
-        if not self.learns_acceptance or not self.measure_overhead or self.wave_left <= 0:
-            return 1.0
-        spare = 1.0 - (batch - self.wave_ends) / self.wave_left
-        return math.inf if spare <= 0.0 else 1.0 / min(spare, 1.0)
-
-    def _stepped(self, whole: bool) -> None:
-        """A decode step was decided: ``whole``, every request emits one token (the wave goes
-        on, a token shorter); otherwise speculation breaks it up."""
-        self.wave_left = self.wave_left - 1 if whole and self.wave_left > 1 else 0
-
     def decide(
         self, trees: TreeBatch, context_lens: torch.Tensor, scale: torch.Tensor | None = None,
         sample: slice | torch.Tensor | None = None,
@@ -560,8 +508,7 @@ class Controller:
             accepted = accepted[sample].mean(dim=0, keepdim=True).expand(trees.batch_size, -1)
             num_nodes = trees.num_nodes[sample].max().expand(trees.batch_size)
         learning = self.learns_acceptance
-        # a plain step's price, less what a wave's break-up would cost (`wave_factor`)
-        plain_ms = max(self._plain_ms(base, batch) / self.wave_factor(batch), 1e-9)
+        plain_ms = self._plain_ms(base, batch) if learning else 0.0
         explore = self._explore_due(batch, sample)
         model_plain = False  # whether the model prices a plain step above every tree
         ragged = total = None  # a packed pass: each request's size, priced by all its tokens
@@ -619,7 +566,6 @@ class Controller:
         plain = learning and not sampled and self._steps_plainly(model_plain, batch)
         if plain:  # this step drafted already: what it costs is the width-1 cycle
             sizes, width, ragged = sizes.new_ones(batch), 1, None
-        self._stepped(plain or sampled)
         keyed = 0 if plain or sampled else self._overhead_width(width, ragged, batch)
         if ragged is None:
             cycle = float(cost[width - 1])
@@ -778,7 +724,7 @@ class Controller:
         spec = (tokens / ms if steps else None) if judged else _near(self.spec_rate, batch)
         if plain is None or spec is None:
             return None
-        return spec < plain * self.wave_factor(batch)
+        return spec < plain
 
     def plain_decision(
         self, batch: int, context_lens: torch.Tensor, device: torch.device
@@ -798,7 +744,6 @@ class Controller:
         if sizes is None:  # [B] ones, made once per batch size (read, never written)
             sizes = torch.ones(batch, dtype=torch.long, device=device)
             self._roots[(batch, str(device))] = sizes
-        self._stepped(True)
         return Decision(sizes, 1, verify, verify + overhead, overhead, plain=True, drafted=False)
 
     def _plain_ms(self, base: torch.Tensor, batch: int) -> float:
@@ -944,7 +889,7 @@ class Controller:
             return
         if decision.sampled:  # its period prices neither a plain nor a speculative step
             self._count_probe_loss(decision, batch, period_ms, emitted)
-            self._judge_sample(batch, sampled, max(period_ms, decision.predicted_cycle_ms))
+            self._judge_sample(batch, sampled)
             return
         if not decision.drafted and self._cold_plain(batch):
             return
@@ -981,7 +926,7 @@ class Controller:
         """A decode period a prefill cut short: its time is not the step's, but a sampled
         probe is judged by what its sample accepted (unjudged, every step would probe)."""
         if self.measure_overhead and decision.sampled:
-            self._judge_sample(batch, sampled, decision.predicted_cycle_ms)
+            self._judge_sample(batch, sampled)
 
     def _count_probe_loss(
         self, decision: Decision, batch: int, period_ms: float, emitted: float | None
@@ -990,26 +935,15 @@ class Controller:
         if decision.probe and emitted is not None and (plain := _near(self.plain_rate, batch)):
             self._wait_loss = (self._wait_loss or 0.0) + max(0.0, period_ms * plain - emitted)
 
-    def _judge_sample(self, batch: int, sampled: float | None, least_ms: float | None) -> None:
+    def _judge_sample(self, batch: int, sampled: float | None) -> None:
         """After a sampled probe: the full probe goes ahead when its requests emitted, per
         step, what a speculative step must emit to match plain steps' rate at this batch size
         (its measured period over a plain step's), or when either is not measured yet;
-        otherwise the plain wait doubles. No value (a read still in flight): sample again.
-
-        Where it would break up waves (`wave_factor`) it must emit that much more, and the
-        plain rate must be measured; before a speculative step's period is, ``least_ms``
-        stands for it (the probe's own period, or its priced cycle: a full step's is longer).
-        """
+        otherwise the plain wait doubles. No value (a read still in flight): sample again."""
         if sampled is None:
             return
         plain, period = _near(self.plain_rate, batch), _near(self.spec_period, batch)
-        factor = self.wave_factor(batch)
-        if factor > 1.0:  # a wave is broken up only on measured rates (or a least period)
-            period = period or least_ms
-            if plain is None or period is None:
-                self._wait_plainly(batch)  # its plain steps measure the plain rate
-                return
-        if plain is None or period is None or sampled >= period * plain * factor:
+        if plain is None or period is None or sampled >= period * plain:
             self._sample_passed = True
         else:
             self._wait_plainly(batch)

@@ -33,7 +33,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -205,7 +205,6 @@ class BastionWorker(DFlashWorkerV2):
         # The last decode step's requests (SGLang's Req objects) when it was dormant: a prefill
         # then writes the prompt context of the joiners a sample needs alone.
         self._dormant_reqs: tuple[Any, ...] | None = None
-        self._wave_of: tuple[str, ...] = ()  # the batch whose wave the controller was told
         # [T] the prefill's tokens whose drafter context is written (None: all of them)
         self._prefill_tokens: torch.Tensor | None = None
         # Verify spans still timing on the device (EMA modes on a GPU); the oldest is dropped
@@ -464,9 +463,6 @@ class BastionWorker(DFlashWorkerV2):
                 emitted = emitted.value()
             sampled = self._sampled.value() if self._sampled is not None else None
             self.controller.observe_period(last_decision, last_bs, period_ms, emitted, sampled)
-        if self.controller.learns_acceptance and requests != self._wave_of:  # a new batch
-            self._wave_of = requests
-            self.controller.set_wave(*wave_budget(batch.reqs))
         # After the last period is folded in: the measured rates may make this step plain.
         drafts = self.controller.drafts_this_step(bs)
         # The draft pass reads the contexts' draft KV; a changed batch may hand its slots on.
@@ -1088,21 +1084,6 @@ def ragged_layout(packed: RaggedVerify) -> RaggedVerifyLayout:
         verify_lens_cpu=list(packed.lens_cpu),
         total_verify_tokens=packed.num_tokens,
     )
-
-
-def wave_budget(reqs: Sequence[Any]) -> tuple[int, int]:
-    """(tokens left to the first of ``reqs`` to end, the steps they end at) when each must
-    run to its budget, so that plain steps end them in that many steps (no EOS, stop or
-    grammar can end one early); (0, 0) otherwise."""
-    left = set()
-    for req in reqs:
-        params = req.sampling_params
-        stops = params.stop_strs or params.stop_token_ids or params.stop_regex_strs
-        budget = _token_budget(req)
-        if not params.ignore_eos or stops or budget is None or req.grammar is not None:
-            return 0, 0
-        left.add(budget)
-    return (min(left), len(left)) if left else (0, 0)
 
 
 def _token_budget(req: Any) -> int | None:
