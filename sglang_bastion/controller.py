@@ -956,7 +956,8 @@ class Controller:
 
     def _fold_rate(self, table: dict[int, float], batch: int, rate: float, seen: int = 0) -> None:
         """EMA of a measured rate (tokens per request per ms) or period (ms) at one batch size;
-        ``seen``: the samples folded before this one, averaged while fewer than 1 / rate_alpha."""
+        ``seen``: this sample's count among those folded (from 1): the first 1 / rate_alpha
+        samples are averaged."""
         old = table.get(batch)
         weight = max(self.rate_alpha, 1.0 / seen) if seen > 0 else self.rate_alpha
         table[batch] = rate if old is None else old + weight * (rate - old)
