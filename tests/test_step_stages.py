@@ -38,12 +38,18 @@ def dflash(line: int) -> list[str]:
     return [*LOOP, outer, "f (x:1)"]
 
 
-def test_a_bastion_sample_takes_its_deepest_stage_marker():
-    verify = [*STEP, "BastionWorker._verify_trees (sglang_bastion/worker.py:520)",
-              "BastionWorker._verify (sglang_bastion/worker.py:570)"]  # fmt: skip
+@pytest.mark.parametrize("target_pass", [
+    "BastionWorker._verify (sglang_bastion/worker.py:570)",  # a tree verify
+    "BastionWorker._decode_roots (sglang_bastion/worker.py:950)",  # a plain step's decode
+])  # fmt: skip
+def test_a_target_pass_counts_as_the_verify_forward_and_its_logits_as_target_tokens(target_pass):
+    verify = [*STEP, "BastionWorker._verify_trees (sglang_bastion/worker.py:520)", target_pass]
     assert classify([*verify, *FORWARD]) == "verify forward"
     logits = "BastionWorker._process_logits (sglang_bastion/worker.py:600)"
     assert classify([*verify, logits, "apply (x:1)"]) == "target tokens and acceptance"
+
+
+def test_a_bastion_sample_takes_its_deepest_stage_marker():
     head = "BastionWorker._draft_head (sglang_bastion/worker.py:470)"
     draft = [*STEP, "BastionWorker._draft_marginals (sglang_bastion/worker.py:460)"]
     assert classify([*draft, head, "draft_head_topk (kernels/draft_head.py:9)"]) == "draft head"
@@ -54,14 +60,6 @@ def test_a_bastion_sample_takes_its_deepest_stage_marker():
     assert classify([*STEP, "BastionStats.add_step (sglang_bastion/stats.py:49)"]) == (
         "other step work"
     )
-
-
-def test_a_plain_steps_decode_counts_as_the_verify_forward():
-    plain = [*STEP, "BastionWorker._verify_trees (sglang_bastion/worker.py:520)",
-             "BastionWorker._decode_roots (sglang_bastion/worker.py:950)"]  # fmt: skip
-    assert classify([*plain, *FORWARD]) == "verify forward"
-    logits = "BastionWorker._process_logits (sglang_bastion/worker.py:600)"
-    assert classify([*plain, logits, "apply (x:1)"]) == "target tokens and acceptance"
 
 
 def test_the_kv_plan_counts_as_the_pass_it_plans():
