@@ -90,12 +90,16 @@ def test_every_parameter_in_one_batch_equals_the_plain_server(
     assert_all_same(plain_url, mixed, run_all(bastion_url, mixed), want)
 
 
+SAMPLE_PROMPT = "x = [1, 1, 1, 1, 1, 1,"  # the prompt every sample continues
+SAMPLE_BATCH = 50  # samples requested at once
+
+
 def sampled_prefixes(url: str, samples: int, length: int, **params: float) -> dict:
     """Counts of the first ``length`` tokens of ``samples`` top-2 samples at temperature 1."""
     counts: dict[tuple, int] = {}
-    for start in range(0, samples, 50):
+    for start in range(0, samples, SAMPLE_BATCH):
         body = {
-            "text": ["x = [1, 1, 1, 1, 1, 1,"] * min(50, samples - start),
+            "text": [SAMPLE_PROMPT] * min(SAMPLE_BATCH, samples - start),
             "sampling_params": {
                 "max_new_tokens": length, "temperature": 1.0, "top_k": 2, **params,
             },
@@ -188,9 +192,11 @@ def test_sampled_output_in_plain_steps_follows_the_plain_servers_distribution(
     adaptive_url, plain_samples
 ):
     # once the controller has learned that sampled requests accept little, they step
-    # plainly, and what they emit there is still the target's distribution
-    learn = {"max_new_tokens": 48, "temperature": 1.0, "ignore_eos": True}
-    body = {"text": PROMPTS * 3, "sampling_params": learn}
+    # plainly, and what they emit there is still the target's distribution. It learns from
+    # longer requests of the very batch and parameters it then serves: what the earlier
+    # tests left at other batch sizes does not decide how the samples' batches step.
+    learn = {"max_new_tokens": 48, "temperature": 1.0, "top_k": 2, "ignore_eos": True}
+    body = {"text": [SAMPLE_PROMPT] * SAMPLE_BATCH, "sampling_params": {**learn, **PENALTY}}
     requests.post(f"{adaptive_url}/generate", json=body, timeout=600).raise_for_status()
     before = bastion_state(adaptive_url)
     served = sampled_prefixes(adaptive_url, SAMPLES, 3, **PENALTY)
