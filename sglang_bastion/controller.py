@@ -210,6 +210,7 @@ class Decision:
     probe: bool = False  # drafted while speculation was judged not to pay (a probe, its judge)
     sampled: bool = False  # a sampled probe: `Controller.draft_rows` drafted; roots emitted
     overhead_width: int = 0  # the ladder width whose measured overhead priced it (0: none)
+    whole: bool = False  # the sizes and width keep every tree as built: nothing to cut
 
 
 @dataclass
@@ -494,7 +495,9 @@ class Controller:
             sizes = fixed_sizes(trees, self.max_nodes)
             # The width is static (no host sync): slots past a smaller tree are padding.
             width = min(self.max_nodes, trees.max_nodes)
-            return Decision(sizes, width, None, None, expected=_at(trees.surrogate(), sizes))
+            whole = self.max_nodes >= trees.max_nodes  # trees built to N: cut nothing
+            expected = _at(trees.surrogate(), sizes)
+            return Decision(sizes, width, None, None, expected=expected, whole=whole)
         batch = trees.batch_size
         context = float(context_lens.float().mean())  # the host copy of the contexts
         overhead = self.step_overhead_ms(batch)
@@ -538,6 +541,9 @@ class Controller:
                 sizes = sizes.clamp(max=width)
             if explore and sum(ragged) not in packed_totals(batch * self.max_nodes):
                 ragged = None  # an exploration off the totals' ladder: padded to the width
+            if batch == 1 and ragged is not None:  # one tree: packing it saves only padding,
+                ragged = None  # which its next nodes fill instead, for less host work
+                sizes = trees.num_nodes.clamp(max=width)
         elif self.layout == "ragged":
             priced = self._priced(cost, device, batch, context, overhead, widened)
             sizes = per_request_sizes(trees, priced, self.model.ar_ms(batch), accepted)

@@ -45,6 +45,16 @@ def test_fixed_mode_verifies_n_nodes_per_request():
     assert decision.predicted_cycle_ms is None
 
 
+def test_a_fixed_n_keeps_trees_built_to_n_whole_and_cuts_larger_ones():
+    built = trees(4, nodes=16)
+    decision = Controller("fixed", 16).decide(built, torch.full((4,), 100))
+    assert decision.whole  # the worker verifies them as built, without cutting
+    cut = built.truncate(decision.sizes).narrow(decision.width)
+    for name in ("token_ids", "parents", "depths", "log_scores", "num_nodes"):
+        assert torch.equal(getattr(cut, name), getattr(built, name)), name
+    assert not Controller("fixed", 8).decide(built, torch.full((4,), 100)).whole
+
+
 def test_adaptive_modes_need_a_latency_model():
     with pytest.raises(ValueError, match="needs a latency model"):
         Controller("static", 16)
@@ -380,6 +390,17 @@ def test_the_global_budget_prices_the_batch_s_total_tokens():
     tokens = torch.tensor(sum(decision.ragged) / 4, dtype=torch.float64)
     verify = float(budget.model.verify_price_ms(4, tokens, 256, "static"))
     assert decision.predicted_verify_ms == pytest.approx(verify)
+
+
+def test_a_lone_request_s_tree_fills_its_ladder_width_instead_of_packing():
+    budget = Controller("static", 32, "global", model(), packs_ragged=True)
+    built = trees(1, nodes=32)
+    decision = budget.decide(built, torch.full((1,), 256))
+    assert decision.ragged is None and decision.width in budget.widths
+    assert decision.sizes.tolist() == [min(int(built.num_nodes[0]), decision.width)]
+    assert not decision.whole
+    # two requests still pack
+    assert budget.decide(trees(2, nodes=32), torch.full((2,), 256)).ragged is not None
 
 
 def test_where_the_verify_pads_the_global_layout_decides_as_uniform():
