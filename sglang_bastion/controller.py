@@ -210,7 +210,8 @@ class Decision:
     probe: bool = False  # drafted while speculation was judged not to pay (a probe, its judge)
     sampled: bool = False  # a sampled probe: `Controller.draft_rows` drafted; roots emitted
     overhead_width: int = 0  # the ladder width whose measured overhead priced it (0: none)
-    whole: bool = False  # the sizes and width keep every tree as built: nothing to cut
+    # the sizes are every tree's nodes up to the width: narrowing the trees alone cuts them
+    narrows_only: bool = False
 
 
 @dataclass
@@ -495,9 +496,8 @@ class Controller:
             sizes = fixed_sizes(trees, self.max_nodes)
             # The width is static (no host sync): slots past a smaller tree are padding.
             width = min(self.max_nodes, trees.max_nodes)
-            whole = self.max_nodes >= trees.max_nodes  # trees built to N: cut nothing
             expected = _at(trees.surrogate(), sizes)
-            return Decision(sizes, width, None, None, expected=expected, whole=whole)
+            return Decision(sizes, width, None, None, expected=expected, narrows_only=True)
         batch = trees.batch_size
         context = float(context_lens.float().mean())  # the host copy of the contexts
         overhead = self.step_overhead_ms(batch)
@@ -515,6 +515,7 @@ class Controller:
         explore = self._explore_due(batch, sample)
         model_plain = False  # whether the model prices a plain step above every tree
         ragged = total = None  # a packed pass: each request's size, priced by all its tokens
+        narrows_only = False  # sizes are every tree's nodes up to the width
         if self.layout == "global" and self.packs_ragged:
             total, modelled = self._total_cost(
                 batch, context, overhead, trees.max_nodes, device, widened
@@ -543,7 +544,7 @@ class Controller:
                 ragged = None  # an exploration off the totals' ladder: padded to the width
             if batch == 1 and ragged is not None:  # one tree: packing it saves only padding,
                 ragged = None  # which its next nodes fill instead, for less host work
-                sizes = trees.num_nodes.clamp(max=width)
+                sizes, narrows_only = trees.num_nodes.clamp(max=width), True
         elif self.layout == "ragged":
             priced = self._priced(cost, device, batch, context, overhead, widened)
             sizes = per_request_sizes(trees, priced, self.model.ar_ms(batch), accepted)
@@ -566,12 +567,12 @@ class Controller:
                 width = read_width(uniform_width(trees, priced, allowed, accepted))
             if explore:
                 width = self._neighbour(width) or width
-            sizes = trees.num_nodes.clamp(max=width)
+            sizes, narrows_only = trees.num_nodes.clamp(max=width), True
         probe = learning and self.backoff > 0
         sampled = sample is not None
         plain = learning and not sampled and self._steps_plainly(model_plain, batch)
         if plain:  # this step drafted already: what it costs is the width-1 cycle
-            sizes, width, ragged = sizes.new_ones(batch), 1, None
+            sizes, width, ragged, narrows_only = sizes.new_ones(batch), 1, None, True
         keyed = 0 if plain or sampled else self._overhead_width(width, ragged, batch)
         if ragged is None:
             cycle = float(cost[width - 1])
@@ -586,7 +587,7 @@ class Controller:
         return Decision(
             sizes, width, verify_ms, cycle, overhead, plain=plain, expected=expected,
             ragged=ragged, probe=probe, sampled=sampled,
-            overhead_width=keyed if self.width_overheads else 0,
+            overhead_width=keyed if self.width_overheads else 0, narrows_only=narrows_only,
         )  # fmt: skip
 
     def _overhead_width(self, width: int, ragged: tuple[int, ...] | None, batch: int) -> int:

@@ -489,9 +489,12 @@ class BastionWorker(DFlashWorkerV2):
             at = sample if sampling else None  # a full probe is priced as the step it is
             decision = self.controller.decide(whole, prefix_cpu, scale, at)
         self._period = (started, decision, bs)
-        # A plain step's trees are the roots already, and a fixed N's trees are built to N.
-        cut = drafts and not decision.whole
-        trees = whole.truncate(decision.sizes).narrow(decision.width) if cut else whole
+        # A plain step's trees are the roots already.
+        trees = whole
+        if drafts and decision.narrows_only:  # every tree's nodes up to the width
+            trees = whole.narrow(decision.width)
+        elif drafts:
+            trees = whole.truncate(decision.sizes).narrow(decision.width)
         width = decision.width
         listener = self.verify_listener
         # The trace, bastion-calibrate and the debug log take this step's own time (a host

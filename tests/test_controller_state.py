@@ -45,14 +45,33 @@ def test_fixed_mode_verifies_n_nodes_per_request():
     assert decision.predicted_cycle_ms is None
 
 
-def test_a_fixed_n_keeps_trees_built_to_n_whole_and_cuts_larger_ones():
-    built = trees(4, nodes=16)
-    decision = Controller("fixed", 16).decide(built, torch.full((4,), 100))
-    assert decision.whole  # the worker verifies them as built, without cutting
+def same_trees(one: TreeBatch, other: TreeBatch) -> bool:
+    """Whether two tree batches hold the same tensors, field by field."""
+    names = ("token_ids", "parents", "depths", "log_scores", "num_nodes")
+    return all(torch.equal(getattr(one, name), getattr(other, name)) for name in names)
+
+
+@pytest.mark.parametrize(
+    ("budget", "batch"),
+    [
+        (Controller("fixed", 16), 4),  # trees built to N
+        (Controller("fixed", 8), 4),  # larger trees, cut to N
+        (Controller("static", 32, "uniform", model()), 4),
+        (Controller("static", 32, "global", model(), packs_ragged=True), 1),
+    ],
+    ids=["fixed-whole", "fixed-cut", "uniform", "global-lone-request"],
+)
+def test_a_decision_that_narrows_only_cuts_the_trees_as_truncating_them_does(budget, batch):
+    built = trees(batch, nodes=16 if budget.mode == "fixed" else 32)
+    decision = budget.decide(built, torch.full((batch,), 256))
+    assert decision.narrows_only  # the worker then narrows the trees alone
     cut = built.truncate(decision.sizes).narrow(decision.width)
-    for name in ("token_ids", "parents", "depths", "log_scores", "num_nodes"):
-        assert torch.equal(getattr(cut, name), getattr(built, name)), name
-    assert not Controller("fixed", 8).decide(built, torch.full((4,), 100)).whole
+    assert same_trees(built.narrow(decision.width), cut)
+
+
+def test_a_packed_decision_does_not_narrow_only():
+    budget = Controller("static", 32, "global", model(), packs_ragged=True)
+    assert not budget.decide(trees(4, nodes=32), torch.full((4,), 256)).narrows_only
 
 
 def test_adaptive_modes_need_a_latency_model():
@@ -398,7 +417,6 @@ def test_a_lone_request_s_tree_fills_its_ladder_width_instead_of_packing():
     decision = budget.decide(built, torch.full((1,), 256))
     assert decision.ragged is None and decision.width in budget.widths
     assert decision.sizes.tolist() == [min(int(built.num_nodes[0]), decision.width)]
-    assert not decision.whole
     # two requests still pack
     assert budget.decide(trees(2, nodes=32), torch.full((2,), 256)).ragged is not None
 
