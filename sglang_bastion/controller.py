@@ -213,6 +213,12 @@ class Decision:
     # the sizes are every tree's nodes up to the width: narrowing the trees alone cuts them
     narrows_only: bool = False
 
+    def cut(self, trees: TreeBatch) -> TreeBatch:
+        """The drafted ``trees`` cut to these sizes, as a batch of width-``width`` trees."""
+        if self.narrows_only:
+            return trees.narrow(self.width)
+        return trees.truncate(self.sizes).narrow(self.width)
+
 
 @dataclass
 class Controller:

@@ -490,11 +490,7 @@ class BastionWorker(DFlashWorkerV2):
             decision = self.controller.decide(whole, prefix_cpu, scale, at)
         self._period = (started, decision, bs)
         # A plain step's trees are the roots already.
-        trees = whole
-        if drafts and decision.narrows_only:  # every tree's nodes up to the width
-            trees = whole.narrow(decision.width)
-        elif drafts:
-            trees = whole.truncate(decision.sizes).narrow(decision.width)
+        trees = decision.cut(whole) if drafts else whole
         width = decision.width
         listener = self.verify_listener
         # The trace, bastion-calibrate and the debug log take this step's own time (a host

@@ -47,7 +47,7 @@ def test_fixed_mode_verifies_n_nodes_per_request():
 
 def same_trees(one: TreeBatch, other: TreeBatch) -> bool:
     """Whether two tree batches hold the same tensors, field by field."""
-    names = ("token_ids", "parents", "depths", "log_scores", "num_nodes")
+    names = [f.name for f in fields(TreeBatch)]
     return all(torch.equal(getattr(one, name), getattr(other, name)) for name in names)
 
 
@@ -67,6 +67,7 @@ def test_a_decision_that_narrows_only_cuts_the_trees_as_truncating_them_does(bud
     assert decision.narrows_only  # the worker then narrows the trees alone
     cut = built.truncate(decision.sizes).narrow(decision.width)
     assert same_trees(built.narrow(decision.width), cut)
+    assert same_trees(decision.cut(built), cut)  # what the worker verifies
 
 
 def test_a_packed_decision_does_not_narrow_only():
