@@ -42,7 +42,7 @@ def server_controller(batch: int, max_nodes: int) -> Controller:
     )  # fmt: skip
     budget.gamma[batch] = 1.1
     budget.overhead_ms[batch], budget.plain_overhead_ms[batch] = 3.0, 2.0
-    budget.width_overhead_ms[batch] = {w: 3.0 + 0.1 * w for w in budget.widths}
+    budget.width_offset_ms[batch] = {w: 0.1 * w for w in budget.widths}  # over the 3 ms
     budget.spec_rate[batch], budget.plain_rate[batch], budget.spec_period[batch] = 0.2, 0.1, 20.0
     return budget
 

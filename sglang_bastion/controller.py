@@ -30,7 +30,8 @@ tokens per request of the one target pass). Modes:
     backend verifies ragged (``bastion_cpu``); the batch's total comes from a fixed ladder
     (`packed_totals`), so the packed passes have few distinct shapes. On a backend that
     pads (Triton, FlashInfer) every tree is free up to the widest, so the global optimum
-    there is the uniform width, and the layout decides as ``uniform`` does.
+    there is the uniform width, and the layout decides as ``uniform`` does; so it does for
+    a lone request, whose packed pass would save only the padding its next nodes fill.
   The ema modes scale the verify prediction by gamma, the EMA of observed / predicted verify
   time, one per batch size (a batch size not yet observed takes the nearest one's): how much
   slower the served pass runs than predicted depends on the batch (on a shared CPU, the
@@ -45,18 +46,28 @@ larger tree as a larger share of the step than it is, and the controller undersh
 server also keeps that overhead per verify width (``width_overheads``): a profile can misprice
 how the cycle grows with the width (on a CPU host it priced a 16-node step of the block-16
 pair 13 ms above an 8-node one, and the two cost the same), and each width's measured
-overhead corrects its price. A width's overhead starts from its batch size's and moves by
-``ema_alpha`` per sample, and a sample counts at most 1.5 times the width's priced cycle: a
-width seldom verified is priced by few samples, and one slow first pass or stall would
-otherwise price it out for good. A packed pass's tokens per request vary inside its width
-(a width of 8 holds 5 to 8), and there the overhead's slope against the model's cycle is
-learned too (`width_slope`): at batch 16 on a CPU host, the served verify rose 2.3 ms from 4 to
-8 tokens a request where the profile prices 4.1, so the profile's rise alone cut trees short.
-The slope is shrunk towards the profile's and kept in [-1, 1], so a price never falls as
-tokens are added. At a batch of at most ``probe_rows`` requests, every
-``explore_every``-th speculative step verifies the ladder width next to the chosen one, wider
-and narrower in turn, so a width the profile overprices is measured and then taken, and the
-widths beside the chosen one stay measured (at the widest width, the narrower alone).
+overhead corrects its price. A width keeps its offset from the batch size's overhead: an EMA,
+from none, of each warm period's overhead less the batch size's before it (a sample counts at
+most 1.5 times the width's priced cycle: a stall). The batch size's overhead, which every step
+measures, follows the host for every width alike, and a width not measured yet is priced by
+it alone; a width seldom verified is priced by few samples, and one slow pass moves it by
+``ema_alpha`` of its excess, no more. A width explored now and then gets a few samples a
+minute, too few to follow a drifting host: as overheads of their own, started from the batch
+size's when first measured, two explored widths began at 18 and 20 ms after a warm-up on a CPU
+host at one request, against 3 to 7 ms for the widths run, and were still at 6.5 and 7.4 ms
+1600 and 1900 steps later; and at the end of 45 s of steady load the width run was priced 3 to
+4 ms below all its neighbours, whose last samples dated from a slower host. A packed pass's
+tokens per request vary inside its width (a width of 8 holds 5 to 8), and there the overhead's
+slope against the model's cycle is learned too (`width_slope`): at batch 16 on a CPU host,
+the served verify rose 2.3 ms from 4 to 8 tokens a request where the profile prices 4.1, so
+the profile's rise alone cut trees short. The slope is shrunk towards the profile's and kept
+in [-1, 1], so a price never falls as tokens are added. At a batch of at most ``probe_rows``
+requests, every ``explore_every`` speculative steps a stretch of ``explore_run`` steps
+verifies the ladder width next to the chosen one, wider and narrower in turn, so a width the
+profile overprices is measured and then taken, and the widths beside the chosen one stay
+measured (at the widest width, the narrower alone). A stretch's first ``explore_cold`` steps,
+and the step back from it, price no width: a pass shape met seldom runs cold, and priced by
+such steps every width but the one a server runs looked dearer than it is.
 
 With ``learn_acceptance`` (the server's default in the adaptive modes) the worker hands each
 step its requests' acceptance calibration (``acceptance_scale``): trees are priced by A_cal,
@@ -210,6 +221,10 @@ class Decision:
     probe: bool = False  # drafted while speculation was judged not to pay (a probe, its judge)
     sampled: bool = False  # a sampled probe: `Controller.draft_rows` drafted; roots emitted
     overhead_width: int = 0  # the ladder width whose measured overhead priced it (0: none)
+    # a step whose pass shape is cold (a width's first step at its batch size, an
+    # exploration's first steps, the step back from one): its period prices no width
+    # (`Controller.explore_run`)
+    warming: bool = False
     # the sizes are every tree's nodes up to the width: narrowing the trees alone cuts them
     narrows_only: bool = False
 
@@ -237,14 +252,14 @@ class Controller:
     measure_overhead: bool = False  # add the measured per-step time the model leaves out
     overhead_ms: dict[int, float] = field(default_factory=dict)  # batch size -> EMA, ms
     plain_overhead_ms: dict[int, float] = field(default_factory=dict)  # the same, plain steps
-    # With ``width_overheads``, a speculative step's overhead is also kept per verify width
-    # (batch size -> ladder width -> EMA, ms): the profile may misprice how the cycle grows
-    # with the width, and the overhead measured at each width corrects it there. Every
-    # ``explore_every`` speculative steps at a batch of at most ``probe_rows`` verifies the
-    # ladder width next to the chosen one (wider and narrower in turn), so that widths the
-    # profile overprices, and those beside the chosen one, get measured too.
+    # With ``width_overheads``, a speculative step's overhead is also kept per verify width, as
+    # its offset from the batch size's overhead when it was measured (batch size -> ladder
+    # width -> ms): the profile may misprice how the cycle grows with the width, and the
+    # offset measured at each width corrects it there, while the batch size's overhead, which
+    # every step measures, follows the host's drift for every width alike. Explorations
+    # (``explore_every``, ``explore_run``) keep the widths beside the chosen one measured.
     width_overheads: bool = False
-    width_overhead_ms: dict[int, dict[int, float]] = field(default_factory=dict)
+    width_offset_ms: dict[int, dict[int, float]] = field(default_factory=dict)
     # The overhead's slope inside a packed width (module doc, `width_slope`): batch size ->
     # ladder width -> EMA of the model cycle its passes were priced at, and batch size -> EMA
     # of u^2 and u*v, u and v a pass's cycle and overhead deviations from its width's means as
@@ -253,8 +268,21 @@ class Controller:
     width_slope_moments: dict[int, tuple[float, float]] = field(default_factory=dict)
     slope_alpha: float = 0.05
     slope_prior: float = 1e-3  # a spread of about 3% of the cycle weighs as much as no slope
-    explore_every: int = 16
+    explore_every: int = 64
+    # An exploration verifies its width for ``explore_run`` drafted steps in a row, and its
+    # first ``explore_cold`` steps price nothing, nor does the step back: a pass shape met once
+    # in a while runs slower than the same shape met every step (on a CPU host at batch 1, an
+    # explored width's first step came 0.7-1.3 ms above its fourth on a 12 ms period, its
+    # second 0.3-0.4 ms, and the step back to the chosen width 1.2 ms above the chosen width's
+    # other steps), so single explorations priced every other width above the chosen one,
+    # whichever the warm-up had left the server at.
+    explore_run: int = 4
+    explore_cold: int = 2
     _since_explore: int = field(default=0, repr=False)
+    _explore_left: int = field(default=0, repr=False)  # steps left in the current stretch
+    _explore_width: int | None = field(default=None, repr=False)  # the stretch's width
+    _explored: bool = field(default=False, repr=False)  # the last step was an exploration
+    _widths_run: set[tuple[int, int]] = field(default_factory=set, repr=False)  # (B, W) run
     _explored_wider: bool = field(default=False, repr=False)  # the last exploration's side
     _ladder: list[int] = field(default_factory=list, repr=False)  # [N] ladder width holding n
     _verify_cache: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)
@@ -518,11 +546,13 @@ class Controller:
             num_nodes = trees.num_nodes[sample].max().expand(trees.batch_size)
         learning = self.learns_acceptance
         plain_ms = self._plain_ms(base, batch) if learning else 0.0
-        explore = self._explore_due(batch, sample)
+        explore, warming = self._explore_due(batch, sample)
         model_plain = False  # whether the model prices a plain step above every tree
         ragged = total = None  # a packed pass: each request's size, priced by all its tokens
         narrows_only = False  # sizes are every tree's nodes up to the width
-        if self.layout == "global" and self.packs_ragged:
+        # One tree packs to nothing but its padding, which its next nodes fill instead: a lone
+        # request is priced as the padded pass it runs (the uniform rule at one request).
+        if self.layout == "global" and self.packs_ragged and batch > 1:
             total, modelled = self._total_cost(
                 batch, context, overhead, trees.max_nodes, device, widened
             )
@@ -535,7 +565,7 @@ class Controller:
                 parts.append(trees.num_nodes.to(sizes))
             host = torch.cat(parts).tolist()  # the one host read
             ragged, model_plain = tuple(host[:batch]), bool(host[batch])
-            if explore and (other := self._neighbour(self._ladder[max(ragged) - 1])):
+            if explore and (other := self._neighbour(self._ladder[max(ragged) - 1], explore)):
                 if other > max(ragged):  # every tree up to the wider width
                     ragged = tuple(min(n, other) for n in host[batch + 1 :])
                     sizes = trees.num_nodes.clamp(max=other)
@@ -548,9 +578,6 @@ class Controller:
                 sizes = sizes.clamp(max=width)
             if explore and sum(ragged) not in packed_totals(batch * self.max_nodes):
                 ragged = None  # an exploration off the totals' ladder: padded to the width
-            if batch == 1 and ragged is not None:  # one tree: packing it saves only padding,
-                ragged = None  # which its next nodes fill instead, for less host work
-                sizes, narrows_only = trees.num_nodes.clamp(max=width), True
         elif self.layout == "ragged":
             priced = self._priced(cost, device, batch, context, overhead, widened)
             sizes = per_request_sizes(trees, priced, self.model.ar_ms(batch), accepted)
@@ -572,7 +599,7 @@ class Controller:
             else:
                 width = read_width(uniform_width(trees, priced, allowed, accepted))
             if explore:
-                width = self._neighbour(width) or width
+                width = self._neighbour(width, explore) or width
             sizes, narrows_only = trees.num_nodes.clamp(max=width), True
         probe = learning and self.backoff > 0
         sampled = sample is not None
@@ -580,6 +607,9 @@ class Controller:
         if plain:  # this step drafted already: what it costs is the width-1 cycle
             sizes, width, ragged, narrows_only = sizes.new_ones(batch), 1, None, True
         keyed = 0 if plain or sampled else self._overhead_width(width, ragged, batch)
+        if keyed and (batch, keyed) not in self._widths_run:  # its first pass: cold
+            self._widths_run.add((batch, keyed))
+            warming = True
         if ragged is None:
             cycle = float(cost[width - 1])
             if widened is not None:  # the overhead the cycle was priced with
@@ -594,6 +624,7 @@ class Controller:
             sizes, width, verify_ms, cycle, overhead, plain=plain, expected=expected,
             ragged=ragged, probe=probe, sampled=sampled,
             overhead_width=keyed if self.width_overheads else 0, narrows_only=narrows_only,
+            warming=warming,
         )  # fmt: skip
 
     def _overhead_width(self, width: int, ragged: tuple[int, ...] | None, batch: int) -> int:
@@ -601,38 +632,54 @@ class Controller:
         smallest ladder width holding its mean tokens per request."""
         return width if ragged is None else self._ladder[-(-sum(ragged) // batch) - 1]
 
-    def _width_overheads(self, batch: int, fallback: float) -> torch.Tensor | None:
+    def _width_overheads(self, batch: int, overhead: float) -> torch.Tensor | None:
         """[N] float64 the overhead that prices 1..N tokens per request at this batch size:
-        the measured one of the ladder width holding each, else ``fallback`` (None: no width
-        measured here, or the per-width overheads are off)."""
-        measured = self.width_overhead_ms.get(batch) if self.width_overheads else None
+        ``overhead`` (the batch size's) plus the measured offset of the ladder width holding
+        each, none where unmeasured (None: no width measured here, or the per-width overheads
+        are off)."""
+        measured = self.width_offset_ms.get(batch) if self.width_overheads else None
         if not measured:
             return None
         # [N]: the overhead of the ladder width holding n = 1..N tokens per request
-        return torch.tensor([measured.get(w, fallback) for w in self._ladder], dtype=torch.float64)
+        offsets = [measured.get(w, 0.0) for w in self._ladder]
+        return torch.tensor(offsets, dtype=torch.float64) + overhead
 
-    def _explore_due(self, batch: int, sample: slice | torch.Tensor | None) -> bool:
-        """Whether this drafted step verifies the ladder width next to the one it would (see
-        ``width_overheads``); counts the steps since the last one."""
+    def _explore_due(self, batch: int, sample: slice | torch.Tensor | None) -> tuple[int, bool]:
+        """This drafted step's place in an exploration's stretch (1 = its first; 0: not an
+        exploration, see ``explore_run``) and whether its pass shape is cold; counts the steps
+        since the last stretch."""
+        back, self._explored = self._explored, False
         if not self.width_overheads or self.explore_every <= 0 or sample is not None:
-            return False
+            self._explore_left = 0  # a stretch is broken off by anything else
+            return 0, False
         if batch > self.probe_rows or not self.measure_overhead:
-            return False
-        self._since_explore += 1
-        if self._since_explore < self.explore_every:
-            return False
-        self._since_explore = 0
-        return True
+            self._explore_left = 0
+            return 0, False
+        if self._explore_left == 0:
+            self._since_explore += 1
+            if self._since_explore < self.explore_every:
+                return 0, back
+            self._since_explore = 0
+            self._explore_left = max(1, self.explore_run)
+            self._explore_width = None  # chosen by the stretch's first step
+        self._explore_left -= 1
+        self._explored = True
+        place = max(1, self.explore_run) - self._explore_left
+        return place, place <= self.explore_cold
 
-    def _neighbour(self, width: int) -> int | None:
+    def _neighbour(self, width: int, place: int) -> int | None:
         """The ladder width an exploration from ``width`` verifies: the next wider and the next
-        narrower in turn, the other where one side has none (None: neither). Never narrower
-        than 2: a width of 1 verifies no draft, and prices the draft pass for nothing."""
+        narrower in turn, stretch by stretch, the other where one side has none (None:
+        neither). Never narrower than 2: a width of 1 verifies no draft, and prices the draft
+        pass for nothing. A stretch's later steps (``place`` > 1) keep its first step's width."""
+        if place > 1 and self._explore_width is not None:
+            return self._explore_width
         wider = next((w for w in self.widths if w > width), None)
         narrower = next((w for w in reversed(self.widths) if 2 <= w < width), None)
         self._explored_wider = not self._explored_wider
         first, other = (wider, narrower) if self._explored_wider else (narrower, wider)
-        return first if first is not None else other
+        self._explore_width = first if first is not None else other
+        return self._explore_width
 
     def _steps_plainly(self, model_plain: bool, batch: int) -> bool:
         """Whether this drafted step verifies roots alone; schedules plain steps and probes.
@@ -913,15 +960,8 @@ class Controller:
         model_cycle = decision.predicted_cycle_ms - decision.overhead_ms
         sample = max(period_ms - model_cycle, -0.5 * model_cycle)
         table[batch] = sample if old is None else old + self.ema_alpha * (sample - old)
-        if decision.overhead_width:  # a speculative step: its width's overhead too
-            widths = self.width_overhead_ms.setdefault(batch, {})
-            # a new width starts from the batch size's overhead; a sample counts at most 1.5
-            # times the width's priced cycle (a stall, a first pass)
-            was = widths.get(decision.overhead_width, sample if old is None else old)
-            capped = min(sample, 1.5 * decision.predicted_cycle_ms - model_cycle)
-            if decision.ragged is not None:  # a packed pass: the slope inside its width
-                self._fold_slope(batch, decision.overhead_width, model_cycle, capped - was)
-            widths[decision.overhead_width] = was + self.ema_alpha * (capped - was)
+        if decision.overhead_width and not decision.warming and old is not None:
+            self._fold_width(decision, batch, model_cycle, sample, old)  # its width's offset
         self._count_probe_loss(decision, batch, period_ms, emitted)
         if not decision.drafted:
             self._fold_rate(self.plain_rate, batch, 1.0 / period_ms, self.plain_periods[batch])
@@ -934,6 +974,20 @@ class Controller:
                 self._probe = (steps + 1, tokens + emitted, ms + period_ms)
             self._fold_rate(self.spec_rate, batch, emitted / period_ms)
             self._fold_rate(self.spec_period, batch, period_ms)
+
+    def _fold_width(
+        self, decision: Decision, batch: int, model_cycle: float, sample: float, base: float
+    ) -> None:
+        """Fold one warm period's overhead ``sample``, less its batch size's overhead ``base``
+        before it, into its width's offset (and a packed pass's slope): from none, by
+        ``ema_alpha``; a sample counts at most 1.5 times the width's priced cycle (a stall)."""
+        width = decision.overhead_width
+        widths = self.width_offset_ms.setdefault(batch, {})
+        capped = min(sample, 1.5 * decision.predicted_cycle_ms - model_cycle) - base
+        was = widths.get(width, 0.0)
+        if decision.ragged is not None:  # a packed pass: the slope inside its width
+            self._fold_slope(batch, width, model_cycle, capped - was)
+        widths[width] = was + self.ema_alpha * (capped - was)
 
     def observe_cut(self, decision: Decision, batch: int, sampled: float | None) -> None:
         """A decode period a prefill cut short: its time is not the step's, but a sampled

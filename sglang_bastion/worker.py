@@ -291,9 +291,9 @@ class BastionWorker(DFlashWorkerV2):
             "gamma": by_batch(self.controller.gamma, 4),
             "overhead_ms": by_batch(self.controller.overhead_ms, 3),
             "plain_overhead_ms": by_batch(self.controller.plain_overhead_ms, 3),
-            "width_overhead_ms": {  # batch size -> verify width -> ms
+            "width_offset_ms": {  # batch size -> verify width -> ms over overhead_ms
                 str(b): by_batch(widths, 3)
-                for b, widths in sorted(self.controller.width_overhead_ms.items())
+                for b, widths in sorted(self.controller.width_offset_ms.items())
             },
             "width_slope": {  # batch size -> the overhead's learned slope inside a width
                 str(b): round(slope, 3)

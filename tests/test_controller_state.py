@@ -278,32 +278,77 @@ def test_an_unseen_batch_size_borrows_the_nearest_measured_overhead():
 @pytest.mark.parametrize("layout", ["uniform", "global"])
 def test_a_width_measured_cheaper_than_priced_is_explored_then_chosen(layout):
     # Widths above 2 are priced dear (as a profile that overprices width would); every 4th
-    # step verifies the next wider ladder width, and once its period shows what it costs,
-    # the controller takes it.
+    # step starts a stretch of 2 steps at the next wider ladder width, and once the period
+    # of its second (warm) step shows what it costs, the controller takes it.
     budget = Controller(
         "static", 16, layout, model(), packs_ragged=True, ema_alpha=1.0, measure_overhead=True,
-        width_overheads=True, explore_every=4,
+        width_overheads=True, explore_every=4, explore_run=2, explore_cold=1,
     )  # fmt: skip
-    budget.width_overhead_ms[1] = {w: 1000.0 for w in budget.widths if w > 2}
+    budget.width_offset_ms[1] = {w: 1000.0 for w in budget.widths if w > 2}
     tree, context = trees(1, 16), torch.full((1,), 128)
     assert [budget.decide(tree, context).width for _ in range(3)] == [2, 2, 2]
-    explored = budget.decide(tree, context)
-    assert explored.width == 4 and explored.overhead_ms == 1000.0
-    assert explored.overhead_width == 4
-    budget.observe_period(explored, 1, explored.predicted_cycle_ms - 1000.0)  # the model's cost
-    assert budget.width_overhead_ms[1][4] == pytest.approx(0.0)
+    for _ in range(2):
+        explored = budget.decide(tree, context)
+        assert explored.width == 4 and explored.overhead_ms == 1000.0
+        assert explored.overhead_width == 4
+        budget.observe_period(explored, 1, explored.predicted_cycle_ms - 1000.0)  # the model's
+    assert budget.width_offset_ms[1][4] == pytest.approx(0.0)
     assert budget.decide(tree, context).width == 4
 
 
-def test_each_width_keeps_its_own_measured_overhead():
-    budget = Controller(
-        "static", 16, "uniform", model(), ema_alpha=1.0, measure_overhead=True,
-        width_overheads=True,
-    )  # fmt: skip
-    decision = budget.decide(trees(1, 16), torch.full((1,), 128))
-    budget.observe_period(decision, 1, decision.predicted_cycle_ms + 3.0)
-    assert budget.width_overhead_ms == {1: {decision.width: pytest.approx(3.0)}}
-    assert budget.overhead_ms == {1: pytest.approx(3.0)}  # and the batch size's, for the rest
+@pytest.mark.parametrize("layout", ["uniform", "global"])
+def test_an_explorations_first_steps_and_the_step_back_price_no_width(layout):
+    # A pass shape met once in a while runs cold: a width's first step, the stretch's first
+    # explore_cold steps and the step back to the chosen width are left out; the steps
+    # between price the widths.
+    budget = width_priced(layout, ema_alpha=1.0, explore_every=3, explore_run=3, explore_cold=2)
+    budget.overhead_ms[1] = 2.0
+    budget.width_offset_ms[1] = {w: 0.5 if w == 8 else 1000.0 for w in budget.widths}
+    tree, context = trees(1, 16), torch.full((1,), 128)
+    steps = [budget.decide(tree, context) for _ in range(6)]
+    assert [d.width for d in steps] == [8, 8, 12, 12, 12, 8]
+    assert [d.warming for d in steps] == [True, False, True, True, False, True]  # 8's first
+    moved = []
+    for step in steps:  # every period 3 ms over the model's cycle: an offset of 0 once folded
+        before = dict(budget.width_offset_ms[1])
+        budget.observe_period(step, 1, step.predicted_cycle_ms - step.overhead_ms + 3.0)
+        moved.append(budget.width_offset_ms[1] != before)
+    assert moved == [not step.warming for step in steps]
+
+
+def test_a_widths_offset_prices_it_over_the_batch_sizes_overhead_as_that_drifts():
+    # the batch size's overhead, measured every step, follows the host for every width alike
+    budget = width_priced(explore_every=0)
+    budget.width_offset_ms[1] = {w: 2.0 if w == 8 else 0.0 for w in budget.widths}
+    tree, context = trees(1, 16), torch.full((1,), 128)
+    priced = []
+    for overhead in (1.0, 5.0):
+        budget.overhead_ms[1] = overhead
+        priced.append(budget.decide(tree, context).overhead_ms)
+        assert budget._width_overheads(1, overhead)[7] == pytest.approx(overhead + 2.0)  # n = 8
+    assert priced[1] - priced[0] == pytest.approx(4.0)
+
+
+def test_a_widths_offset_is_measured_against_the_batch_sizes_overhead_before_it():
+    budget = width_priced(explore_every=0)
+    tree, context = trees(1, 16), torch.full((1,), 128)
+    for overhead in (3.0, 3.0, 5.0):  # the first pass is cold: the next two measure the width
+        decision = budget.decide(tree, context)
+        model_cycle = decision.predicted_cycle_ms - decision.overhead_ms
+        budget.observe_period(decision, 1, model_cycle + overhead)
+    assert budget.overhead_ms == {1: pytest.approx(3.0 + 0.1 * 2.0)}
+    # 0 ms over 3 ms, then 2 over 3
+    assert budget.width_offset_ms == {1: {decision.width: pytest.approx(0.1 * 2.0)}}
+
+
+def test_a_widths_first_pass_prices_nothing_at_its_width():
+    budget = width_priced()
+    budget.overhead_ms[1] = 1.0
+    first = budget.decide(trees(1, 16), torch.full((1,), 128))
+    assert first.warming
+    budget.observe_period(first, 1, first.predicted_cycle_ms + 3.0)
+    assert budget.width_offset_ms.get(1, {}) == {}
+    assert not budget.decide(trees(1, 16), torch.full((1,), 128)).warming
 
 
 def width_priced(layout: str = "uniform", **kwargs: float) -> Controller:
@@ -314,41 +359,50 @@ def width_priced(layout: str = "uniform", **kwargs: float) -> Controller:
     )  # fmt: skip
 
 
-def test_a_width_first_measured_starts_from_its_batch_sizes_overhead():
-    # a width seldom verified is priced by few samples: its first one, perhaps a slow first
-    # pass, moves it from the batch size's overhead by ema_alpha, no further
-    budget = width_priced()
+def test_a_widths_offset_starts_from_none_and_moves_by_ema_alpha():
+    # a width seldom chosen is priced by few samples: one slow pass must not price it out
+    budget = width_priced(explore_every=0)  # ema_alpha 0.1
     budget.overhead_ms[1] = 2.0
-    decision = budget.decide(trees(1, 16), torch.full((1,), 128))
-    model_cycle = decision.predicted_cycle_ms - decision.overhead_ms
-    budget.observe_period(decision, 1, model_cycle + 5.0)
-    assert budget.width_overhead_ms[1][decision.width] == pytest.approx(2.0 + 0.1 * 3.0)
+    budget.width_offset_ms[1] = {w: 1000.0 for w in budget.widths if w != 16}  # 16 stays
+    tree, context = trees(1, 16), torch.full((1,), 128)
+    expected = 0.0
+    for offset in (0.0, 3.0, -1.0, 2.0):  # the first pass is not folded
+        decision = budget.decide(tree, context)
+        model_cycle = decision.predicted_cycle_ms - decision.overhead_ms
+        budget.observe_period(decision, 1, model_cycle + budget.overhead_ms[1] + offset)
+        if offset:
+            expected += 0.1 * (offset - expected)
+            assert budget.width_offset_ms[1][16] == pytest.approx(expected)
+    assert decision.width == 16
 
 
 def test_a_stalled_period_counts_at_most_half_again_its_widths_priced_cycle():
-    budget = width_priced(ema_alpha=1.0)
+    budget = width_priced(ema_alpha=1.0, explore_every=0)
     budget.overhead_ms[1] = 2.0
-    budget.width_overhead_ms[1] = {w: 2.0 for w in budget.widths}
-    decision = budget.decide(trees(1, 16), torch.full((1,), 128))
+    budget.width_offset_ms[1] = {w: 0.0 for w in budget.widths}
+    tree, context = trees(1, 16), torch.full((1,), 128)
+    cold = budget.decide(tree, context)
+    budget.observe_period(cold, 1, cold.predicted_cycle_ms)  # its first pass: 2 ms over
+    decision = budget.decide(tree, context)
     priced = decision.predicted_cycle_ms
     budget.observe_period(decision, 1, 3.0 * priced)  # under the batch size's 4x stall bound
     assert budget.overhead_ms[1] == pytest.approx(3.0 * priced - (priced - 2.0))
     capped = 1.5 * priced - (priced - 2.0)
-    assert budget.width_overhead_ms[1][decision.width] == pytest.approx(capped)
+    assert budget.width_offset_ms[1][decision.width] == pytest.approx(capped - 2.0)  # alpha 1
 
 
 @pytest.mark.parametrize("layout", ["uniform", "global"])
 def test_explorations_verify_the_wider_and_the_narrower_width_in_turn(layout):
-    budget = width_priced(layout, explore_every=2)
-    budget.width_overhead_ms[1] = {w: 0.0 if w == 8 else 1000.0 for w in budget.widths}
+    budget = width_priced(layout, explore_every=2, explore_run=2)
+    budget.width_offset_ms[1] = {w: 0.0 if w == 8 else 1000.0 for w in budget.widths}
     tree, context = trees(1, 16), torch.full((1,), 128)
-    widths = [budget.decide(tree, context).width for _ in range(6)]
-    assert widths == [8, 12, 8, 4, 8, 12]
+    widths = [budget.decide(tree, context).width for _ in range(9)]
+    assert widths == [8, 12, 12, 8, 4, 4, 8, 12, 12]
 
 
 def test_at_the_widest_width_every_exploration_verifies_the_narrower():
-    budget = width_priced(explore_every=2)
-    budget.width_overhead_ms[1] = {w: 0.0 if w == 16 else 1000.0 for w in budget.widths}
+    budget = width_priced(explore_every=2, explore_run=1)
+    budget.width_offset_ms[1] = {w: 0.0 if w == 16 else 1000.0 for w in budget.widths}
     tree, context = trees(1, 16), torch.full((1,), 128)
     assert [budget.decide(tree, context).width for _ in range(4)] == [16, 12, 16, 12]
 
@@ -422,6 +476,17 @@ def test_a_lone_request_s_tree_fills_its_ladder_width_instead_of_packing():
     assert budget.decide(trees(2, nodes=32), torch.full((2,), 256)).ragged is not None
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_lone_request_is_priced_as_the_padded_pass_it_runs(seed):
+    # its width is the uniform rule's: each ladder width's goodput at that width's price
+    packed = Controller("static", 32, "global", model(), packs_ragged=True)
+    uniform = Controller("static", 32, "uniform", model())
+    built, context = trees(1, 32, seed), torch.full((1,), 256)
+    chosen, priced = packed.decide(built, context), uniform.decide(built, context)
+    assert (chosen.width, chosen.sizes.tolist()) == (priced.width, priced.sizes.tolist())
+    assert chosen.predicted_cycle_ms == pytest.approx(priced.predicted_cycle_ms)
+
+
 def test_where_the_verify_pads_the_global_layout_decides_as_uniform():
     tree, context = doubtful_and_confident(), torch.full((4,), 256)
     padded = Controller("static", 16, "global", model()).decide(tree, context)
@@ -438,7 +503,7 @@ def test_a_packed_pass_takes_its_token_count_from_the_totals_ladder(batch, explo
         "static", 32, "global", model(), packs_ragged=True, measure_overhead=True,
         width_overheads=True, explore_every=explore_every,
     )  # fmt: skip
-    budget.width_overhead_ms[batch] = {w: 0.0 for w in budget.widths}
+    budget.width_offset_ms[batch] = {w: 0.0 for w in budget.widths}
     ladder = packed_totals(batch * 32)
     for seed in range(8):
         decision = budget.decide(trees(batch, 32, seed), torch.full((batch,), 256))
@@ -451,7 +516,7 @@ def test_a_packed_pass_takes_its_token_count_from_the_totals_ladder(batch, explo
 def sloped(batch: int = 64) -> Controller:
     """A packed global controller whose every width at ``batch`` has an overhead of 2 ms."""
     budget = width_priced("global", explore_every=0)
-    budget.width_overhead_ms[batch] = {w: 2.0 for w in budget.widths}
+    budget.width_offset_ms[batch] = {w: 2.0 for w in budget.widths}
     return budget
 
 
