@@ -324,8 +324,10 @@ def test_a_widths_offset_prices_it_over_the_batch_sizes_overhead_as_that_drifts(
     priced = []
     for overhead in (1.0, 5.0):
         budget.overhead_ms[1] = overhead
-        priced.append(budget.decide(tree, context).overhead_ms)
-        assert budget._width_overheads(1, overhead)[7] == pytest.approx(overhead + 2.0)  # n = 8
+        decision = budget.decide(tree, context)
+        offset = budget.width_offset_ms[1][decision.width]
+        assert decision.overhead_ms == pytest.approx(overhead + offset)
+        priced.append(decision.overhead_ms)
     assert priced[1] - priced[0] == pytest.approx(4.0)
 
 
@@ -514,7 +516,8 @@ def test_a_packed_pass_takes_its_token_count_from_the_totals_ladder(batch, explo
 
 
 def sloped(batch: int = 64) -> Controller:
-    """A packed global controller whose every width at ``batch`` has an overhead of 2 ms."""
+    """A packed global controller whose every width at ``batch`` has an overhead of 2 ms (its
+    offset, over no batch-size overhead)."""
     budget = width_priced("global", explore_every=0)
     budget.width_offset_ms[batch] = {w: 2.0 for w in budget.widths}
     return budget
