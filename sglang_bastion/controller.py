@@ -271,11 +271,11 @@ class Controller:
     explore_every: int = 64
     # An exploration verifies its width for ``explore_run`` drafted steps in a row, and its
     # first ``explore_cold`` steps price nothing, nor does the step back: a pass shape met once
-    # in a while runs slower than the same shape met every step (on a CPU host at batch 1, an
-    # explored width's first step came 0.7-1.3 ms above its fourth on a 12 ms period, its
-    # second 0.3-0.4 ms, and the step back to the chosen width 1.2 ms above the chosen width's
-    # other steps), so single explorations priced every other width above the chosen one,
-    # whichever the warm-up had left the server at.
+    # in a while runs slower than the same shape met every step (on a CPU host at batch 1, the
+    # first step at another width came 1.0 ms above the fourth at 8 and 16 tokens, 3.1 ms at
+    # 24, on periods of 11.5-12 ms, the second 0.3-0.4 ms (2.6 at 24), and the step back to the
+    # chosen width 1.2 ms above its other steps), so single explorations priced every other
+    # width above the chosen one, whichever the warm-up had left the server at.
     explore_run: int = 4
     explore_cold: int = 2
     _since_explore: int = field(default=0, repr=False)
