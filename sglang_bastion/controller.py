@@ -54,9 +54,10 @@ it alone; a width seldom verified is priced by few samples, and one slow pass mo
 ``ema_alpha`` of its excess, no more. A width explored now and then gets a few samples a
 minute, too few to follow a drifting host: as overheads of their own, started from the batch
 size's when first measured, two explored widths began at 18 and 20 ms after a warm-up on a CPU
-host at one request, against 3 to 7 ms for the widths run, and were still at 6.5 and 7.4 ms
-1600 and 1900 steps later; and at the end of 45 s of steady load the width run was priced 3 to
-4 ms below all its neighbours, whose last samples dated from a slower host. A packed pass's
+host at one request, against about 7 ms for the two widths run most, and were still at 6.5 and
+7.4 ms 1600 and 1900 steps later, when those two were at 1 to 5 ms; and at the end of 45 s of
+steady load the width run was priced 3 to 4 ms below all its neighbours, whose last samples
+dated from a slower host. A packed pass's
 tokens per request vary inside its width (a width of 8 holds 5 to 8), and there the overhead's
 slope against the model's cycle is learned too (`width_slope`): at batch 16 on a CPU host,
 the served verify rose 2.3 ms from 4 to 8 tokens a request where the profile prices 4.1, so
