@@ -43,7 +43,7 @@ def test_a_fresh_calibration_trusts_the_drafter():
 
 
 def test_the_scale_is_realised_over_predicted_drafts_up_to_its_cap():
-    state = new_acceptance_scale(4, "cpu", decay=0.5, prior=1.0)
+    state = new_acceptance_scale(4, "cpu", decay=0.5, prior=1e-3)
     for _ in range(12):  # a quarter of the predicted drafts, twice as many, ten times as many
         observe(
             state, slots(1, 2, 3), lengths(40, 40, 40), torch.tensor([4.0, 2.0, 0.5]),
@@ -173,6 +173,21 @@ def test_where_acceptance_does_not_depend_on_age_a_request_s_own_ratio_prices_it
     assert scales(state, ids, torch.full((16,), 112)).tolist() == pytest.approx(
         [0.6] * 16, abs=0.01
     )
+
+
+def test_a_request_s_own_ratio_counts_half_against_its_pool_however_long_it_runs():
+    # a request's decayed evidence holds about ten steps' drafts (40 here), as much as the
+    # prior: its own ratio, 1.2 or 0.8 of its pool's, moves its scale halfway, after 200
+    # steps as after 20
+    state, ids = new_acceptance_scale(16, "cpu"), torch.arange(16)
+    start_requests(state, ids, torch.full_like(ids, GREEDY), torch.full_like(ids, 100))
+    ratio = torch.tensor([1.2] * 8 + [0.8] * 8)
+    at = torch.full_like(ids, 200)  # every request in the oldest age's pool
+    for step in range(200):
+        observe(state, ids, at, torch.full((16,), 4.0), 4.0 * ratio)
+        if step in (19, 199):
+            got = scales(state, ids, at).tolist()
+            assert got == pytest.approx([1.1] * 8 + [0.9] * 8, abs=0.02), step
 
 
 def test_a_kind_accepts_where_its_pools_with_evidence_realised_half_their_predicted_drafts():
