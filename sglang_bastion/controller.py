@@ -656,16 +656,17 @@ class Controller:
         if batch > self.probe_rows or not self.measure_overhead:
             self._explore_left = 0
             return 0, False
+        run = max(1, self.explore_run)
         if self._explore_left == 0:
             self._since_explore += 1
             if self._since_explore < self.explore_every:
                 return 0, back
             self._since_explore = 0
-            self._explore_left = max(1, self.explore_run)
+            self._explore_left = run
             self._explore_width = None  # chosen by the stretch's first step
         self._explore_left -= 1
         self._explored = True
-        place = max(1, self.explore_run) - self._explore_left
+        place = run - self._explore_left
         return place, place <= self.explore_cold
 
     def _neighbour(self, width: int, place: int) -> int | None:
