@@ -57,7 +57,14 @@ from sweep_bench import (
     short_prompts,
     write_bench_dataset,
 )
-from sweep_methods import Method, largest_window, parse_methods, pool_tokens, server_setup
+from sweep_methods import (
+    Method,
+    largest_window,
+    parse_methods,
+    pool_tokens,
+    server_setup,
+    trace_env,
+)
 from sweep_metrics import cell_metrics
 from sweep_report import ResultStore, folder_name, model_name, write_reports
 from sweep_server import (
@@ -113,6 +120,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--interleave", action="store_true",
         help="start every method's server once and measure the rounds cell by cell, method "
         "after method, each server paused (SIGSTOP) while another is measured",
+    )  # fmt: skip
+    parser.add_argument(
+        "--trace-dir", type=Path, default=None,
+        help="each BASTION server appends its step trace (SGLANG_BASTION_TRACE) to "
+        "TRACE_DIR/<method>.jsonl; its host syncs slow the steps it times",
     )  # fmt: skip
     parser.add_argument(
         "--max-running-requests", type=int, default=EQUAL_CAP,
@@ -210,6 +222,9 @@ def method_server(
     """The method's running server (its URL), with the sweep's cap, pool and extra arguments."""
     limits = cap_args(args) + args.pool
     server_args, env = server_setup(method, limits + args.extra, not cuda_visible())
+    if args.trace_dir is not None:
+        args.trace_dir.mkdir(parents=True, exist_ok=True)
+        env |= trace_env(method, args.trace_dir)
     started = time.monotonic()
     progress.write(f"[{method.name}] starting server ({' '.join(method.args) or 'no speculation'})")
     with running_server(

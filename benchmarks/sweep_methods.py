@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_bastion.budget.latency import COST_MODES
+from sglang_bastion.options import ENV_TRACE, ENV_TRACE_STEPS
 
 ROOT = Path(__file__).resolve().parent.parent
 # SGLang on a CPU needs these (an empty vllm._custom_ops module; DFLASH's GPU-only start-up
@@ -155,6 +156,19 @@ def parse_overlapped(
                 "(synchronous schedule)"
             )
     return methods
+
+
+# A sweep's step traces keep every step of its cells (the worker's default keeps 5000).
+TRACE_STEPS = 1_000_000
+
+
+def trace_env(method: Method, folder: Path | None) -> dict[str, str]:
+    """The step-trace environment of ``method``'s server: a BASTION server writes its own
+    ``<folder>/<method>.jsonl`` (servers of one sweep never share a trace); none without a
+    folder or for another algorithm."""
+    if folder is None or method.algorithm != "BASTION":
+        return {}
+    return {ENV_TRACE: str(folder / f"{method.name}.jsonl"), ENV_TRACE_STEPS: str(TRACE_STEPS)}
 
 
 def server_setup(

@@ -34,6 +34,7 @@ from sweep_methods import (  # noqa: E402
     parse_methods,
     pool_tokens,
     server_setup,
+    trace_env,
 )
 from sweep_metrics import cell_metrics  # noqa: E402
 from sweep_report import ResultStore, folder_name, write_reports  # noqa: E402
@@ -191,6 +192,18 @@ def test_on_gpu_only_the_users_arguments_are_added() -> None:
     args, env = server_setup(method, ["--attention-backend", "flashinfer"], on_cpu=False)
     assert args == [*method.args, "--attention-backend", "flashinfer"]
     assert env == method.env
+
+
+def test_a_trace_folder_gives_each_bastion_server_its_own_trace_file(tmp_path: Path) -> None:
+    names = ["none", "dflash", "bastion-8", "bastion-adaptive"]
+    methods = parse_methods(names, DRAFTER, None, Path("p.json"))
+    traces = {m.name: trace_env(m, tmp_path).get("SGLANG_BASTION_TRACE") for m in methods}
+    assert traces == {
+        "none": None, "dflash": None,
+        "bastion-8": str(tmp_path / "bastion-8.jsonl"),
+        "bastion-adaptive": str(tmp_path / "bastion-adaptive.jsonl"),
+    }  # fmt: skip
+    assert all(trace_env(m, None) == {} for m in methods)
 
 
 def test_bastion_cells_take_acceptance_and_tree_size_from_counter_deltas() -> None:
