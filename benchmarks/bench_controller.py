@@ -2,7 +2,11 @@
 
 Also the decision as the server makes it (`Controller.decide`: the batch-global layout packed
 ragged, calibrated acceptance, measured per-width overheads and rates), priced by the block-16
-pair's float32 CPU profile at N_max=32, the adaptive width of the never-slower sweeps.
+pair's float32 CPU profile at N_max=32, the adaptive width of the never-slower sweeps; and all
+of the controller's work in one drafted server step (the requests' acceptance scales, the
+decision, the trees' cut, the step's evidence folded into the pools), in time and in torch ops
+(on a CPU each small op costs several microseconds, and more after a model's forward has
+flushed the caches: the count is the host-independent measure).
 
 python benchmarks/bench_controller.py [--quick] [--output-json PATH]
 """
@@ -11,12 +15,23 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import torch
 from common import markdown_table, median_us, write_results
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from sglang_bastion.acceptance_scale import (
+    new_acceptance_scale,
+    observe,
+    pool_index,
+    scales,
+    start_requests,
+    step_evidence,
+)
 from sglang_bastion.budget import LatencyModel, ModelShape, load_profile
 from sglang_bastion.controller import Controller, fixed_sizes, per_request_sizes, uniform_width
 from sglang_bastion.tree import build_trees
@@ -57,9 +72,71 @@ def server_rows(batches: list[int], repeats: int, max_nodes: int = 32) -> list[d
         )  # fmt: skip
         contexts, scale = torch.full((batch,), 300), torch.ones(batch)  # [B], [B]
         budget = server_controller(batch, max_nodes)
-        us = median_us(partial(budget.decide, trees, contexts, scale), repeats=repeats)
+        decide = partial(budget.decide, trees, contexts, scale)
+        us = median_us(decide, repeats=repeats)
         policy = "server (global, calibrated)"
-        rows.append({"B": batch, "N_max": max_nodes, "policy": policy, "median_us": us})
+        rows.append({
+            "B": batch, "N_max": max_nodes, "policy": policy, "median_us": us,
+            "torch_ops": torch_ops(decide),
+        })  # fmt: skip
+    return rows
+
+
+class _OpCount(TorchDispatchMode):
+    """Counts the aten ops dispatched inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def torch_ops(fn: Callable[[], object]) -> int:
+    """The aten ops one call of ``fn`` dispatches."""
+    with _OpCount() as count:
+        fn()
+    return count.ops
+
+
+def server_step(batch: int, max_nodes: int = 32) -> Callable[[], None]:
+    """The controller's work in one drafted server step, as `BastionWorker._tree_step` does it:
+    pools and scales, the decision, the cut, the evidence folded in (fresh trees each call)."""
+    probs = torch.softmax(3 * torch.randn(batch, 7, 300), dim=-1)  # [B, D, V]: block 8
+    built = build_trees(probs, torch.zeros(batch, dtype=torch.long), top_k=4, max_nodes=max_nodes)
+    budget = server_controller(batch, max_nodes)
+    budget.width_slope_moments[batch] = (0.5, 0.1)  # a measured slope inside the widths
+    budget.width_cycle_ms[batch] = {w: 10.0 + w for w in budget.widths}
+    state = new_acceptance_scale(4 * batch, "cpu")
+    slots = torch.arange(batch) * 2  # [B]: SGLang's request slots
+    start_requests(state, slots, torch.zeros(batch, dtype=torch.long), torch.full((batch,), 250))
+    lengths = torch.full((batch,), 300)  # [B]
+    accept_lens, root_tokens = torch.randint(1, 6, (batch,)), torch.randint(0, 300, (batch,))
+
+    def step() -> None:
+        trees = replace(built)  # a new step's trees: nothing computed on them yet
+        pool = pool_index(state, slots, lengths)
+        decision = budget.decide(trees, lengths, scales(state, slots, lengths, pool))
+        decision.cut(trees)
+        predicted, realised = step_evidence(trees, decision.sizes, accept_lens, root_tokens)
+        observe(state, slots, lengths, predicted, realised, pool)
+
+    return step
+
+
+def step_rows(batches: list[int], repeats: int) -> list[dict]:
+    """One row per batch size: the controller's work in one drafted server step."""
+    rows = []
+    with torch.inference_mode():  # as SGLang's scheduler runs a step
+        for batch in batches:
+            step = server_step(batch)
+            us = median_us(step, repeats=repeats)
+            rows.append({
+                "B": batch, "N_max": 32, "policy": "server step (scales, decide, cut, evidence)",
+                "median_us": us, "torch_ops": torch_ops(step),
+            })  # fmt: skip
     return rows
 
 
@@ -87,10 +164,15 @@ def main() -> None:
             "fixed": (fixed_sizes, (trees, 16)),
         }
         for policy, (decide, decide_args) in policies.items():
-            us = median_us(partial(decide, *decide_args), repeats=repeats)
-            rows.append({"B": batch, "N_max": nodes, "policy": policy, "median_us": us})
+            call = partial(decide, *decide_args)
+            us = median_us(call, repeats=repeats)
+            rows.append({
+                "B": batch, "N_max": nodes, "policy": policy, "median_us": us,
+                "torch_ops": torch_ops(call),
+            })  # fmt: skip
     rows += server_rows([16] if args.quick else [1, 16, 64], 20 if args.quick else 200)
-    columns = ["B", "N_max", "policy", "median_us"]
+    rows += step_rows([4] if args.quick else [1, 4, 16, 64], 20 if args.quick else 400)
+    columns = ["B", "N_max", "policy", "median_us", "torch_ops"]
     print(markdown_table(rows, columns))
     if not args.quick or args.output_json:
         path = write_results(

@@ -69,6 +69,8 @@ class AcceptanceScale:
     pool_of: torch.Tensor  # [P, 2] long: per slot, its kind's first pool (kind * A), its start
     # (the sequence length the request started decoding at)
     pools: torch.Tensor  # [2, 2 * A] float32: predicted, realised drafts of each (kind, age)
+    rho: torch.Tensor  # [2 * A] float32: each pool's realised over predicted drafts, clipped
+    # to MAX_SCALE, kept with the pools (a step reads it once, in `scales`)
     edges: torch.Tensor  # [A-1] long: AGE_EDGES
     # weight of a request's past per new step (about 10 steps of memory): a greedy step accepts
     # anything from none to the tree's depth, and a shorter memory shrinks a request's trees,
@@ -103,6 +105,7 @@ def new_acceptance_scale(
         slot=torch.zeros(slots, 2, dtype=torch.float32, device=device),  # [P, 2]
         pool_of=torch.zeros(slots, 2, dtype=torch.long, device=device),  # [P, 2]
         pools=torch.ones(2, 2 * AGES, dtype=torch.float32, device=device),  # [2, 2A]
+        rho=torch.ones(2 * AGES, dtype=torch.float32, device=device),  # [2A]
         edges=torch.tensor(AGE_EDGES, dtype=torch.long, device=device),  # [A-1]
         decay=decay, prior=prior,
     )  # fmt: skip
@@ -150,25 +153,25 @@ def pool_index(state: AcceptanceScale, slots: torch.Tensor, lengths: torch.Tenso
     return first + torch.bucketize(lengths.to(torch.long) - start, state.edges, right=True)
 
 
-def _pooled(state: AcceptanceScale, pool: torch.Tensor) -> torch.Tensor:
-    """[B] rho: realised over predicted drafts of the ``pool`` [B] of each request."""
-    predicted, realised = state.pools
-    return (realised / predicted.clamp(min=1e-6)).clamp(max=MAX_SCALE).index_select(0, pool)
-
-
-def scales(state: AcceptanceScale, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """[B] c in [0, MAX_SCALE] of ``slots``' requests at sequence ``lengths`` [B]."""
+def scales(
+    state: AcceptanceScale, slots: torch.Tensor, lengths: torch.Tensor,
+    pool: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """[B] c in [0, MAX_SCALE] of ``slots``' requests at sequence ``lengths`` [B] (``pool``
+    [B]: their `pool_index`, when the step has it already)."""
+    if pool is None:
+        pool = pool_index(state, slots, lengths)
     expected, realised = state.slot.index_select(0, slots).unbind(1)  # [B] each
     own = (realised + state.prior) / (expected + state.prior)  # u
-    return (_pooled(state, pool_index(state, slots, lengths)) * own).clamp(0.0, MAX_SCALE)
+    return (state.rho.index_select(0, pool) * own).clamp(0.0, MAX_SCALE)
 
 
 def calibrated_surrogate(trees: TreeBatch, scale: torch.Tensor) -> torch.Tensor:
     """[B, N] A_cal(n) = min(1 + c (A_hat(n) - 1), deepest + 1) for scales c [B]."""
     accepted = trees.surrogate()  # [B, N]
-    deepest = trees.depths.max(dim=1, keepdim=True).values + 1  # [B, 1]: the most a step accepts
-    scaled = 1.0 + scale.to(accepted.dtype).unsqueeze(1) * (accepted - 1.0)
-    return torch.minimum(scaled, deepest.to(accepted.dtype))
+    deepest = trees.depths.amax(dim=1, keepdim=True) + 1  # [B, 1]: the most a step accepts
+    c = scale.to(accepted.dtype).unsqueeze(1)  # [B, 1]
+    return torch.minimum(torch.addcmul(1.0 - c, c, accepted), deepest)  # 1 + c (A_hat - 1)
 
 
 def step_evidence(
@@ -183,8 +186,8 @@ def step_evidence(
     surrogate = trees.surrogate()  # [B, N]
     verified = sizes.to(torch.long).clamp(min=1, max=trees.max_nodes) - 1  # [B]
     tree_predicted = surrogate.gather(1, verified.unsqueeze(1)).squeeze(1) - 1.0
-    first = (trees.depths == 1) & trees.real_mask()  # [B, N]: the root's children
-    depth1_predicted = (torch.exp(trees.log_scores) * first).sum(dim=1)
+    first = trees.parents == 0  # [B, N]: the root's children (padding's parent is -1)
+    depth1_predicted = torch.exp(trees.log_scores).mul_(first).sum(dim=1)
     depth1_realised = ((trees.token_ids == root_tokens.unsqueeze(1)) & first).any(dim=1)
     root_only = verified == 0
     predicted = torch.where(root_only, depth1_predicted, tree_predicted)
@@ -195,14 +198,18 @@ def step_evidence(
 
 def observe(
     state: AcceptanceScale, slots: torch.Tensor, lengths: torch.Tensor,
-    predicted: torch.Tensor, realised: torch.Tensor,
+    predicted: torch.Tensor, realised: torch.Tensor, pool: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """Fold one step's [B] predicted and realised accepted drafts into pools and requests
-    (``lengths`` [B]: the requests' sequence lengths the step drafted from)."""
-    pool = pool_index(state, slots, lengths)  # [B]
+    (``lengths`` [B]: the requests' sequence lengths the step drafted from; ``pool`` [B]:
+    their `pool_index`, when the step has it already)."""
+    if pool is None:
+        pool = pool_index(state, slots, lengths)
     # [2A]: pool_decay where this step observed the pool, 1 elsewhere
-    decay = torch.ones_like(state.pools[0]).index_fill_(0, pool, state.pool_decay)
+    decay = torch.ones_like(state.rho).index_fill_(0, pool, state.pool_decay)
     state.pools.mul_(decay).index_add_(1, pool, torch.stack([predicted, realised]))
-    expected = predicted * _pooled(state, pool)  # [B]: what the pools now expect
+    pooled, kept = state.pools
+    torch.div(kept, pooled.clamp(min=1e-6), out=state.rho).clamp_(max=MAX_SCALE)
+    expected = predicted * state.rho.index_select(0, pool)  # [B]: what the pools now expect
     new = torch.stack([expected, realised], dim=1)  # [B, 2]
     state.slot.index_copy_(0, slots, state.slot.index_select(0, slots) * state.decay + new)

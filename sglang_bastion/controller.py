@@ -233,7 +233,7 @@ class Decision:
         """The drafted ``trees`` cut to these sizes, as a batch of width-``width`` trees."""
         if self.narrows_only:
             return trees.narrow(self.width)
-        return trees.truncate(self.sizes).narrow(self.width)
+        return trees.narrow(self.width).truncate(self.sizes)  # sizes <= width
 
 
 @dataclass
@@ -534,11 +534,14 @@ class Controller:
             expected = _at(trees.surrogate(), sizes)
             return Decision(sizes, width, None, None, expected=expected, narrows_only=True)
         batch = trees.batch_size
-        context = float(context_lens.float().mean())  # the host copy of the contexts
+        context = float(context_lens.sum()) / batch  # the host copy of the contexts
         overhead = self.step_overhead_ms(batch)
         widened = self._width_overheads(batch, overhead)  # [N] per width, or None
-        base = self.cost_vector_ms(batch, context)  # [N] on the host, the model's cycles
-        cost = base + (overhead if widened is None else widened)
+
+        def drafted() -> torch.Tensor:  # [N] on the host: the model's cycles, overheads in
+            base = self.cost_vector_ms(batch, context)
+            return base + (overhead if widened is None else torch.tensor(widened, dtype=base.dtype))
+
         device = trees.log_scores.device
         accepted = trees.surrogate() if scale is None else calibrated_surrogate(trees, scale)
         num_nodes = trees.num_nodes  # [B]
@@ -546,7 +549,7 @@ class Controller:
             accepted = accepted[sample].mean(dim=0, keepdim=True).expand(trees.batch_size, -1)
             num_nodes = trees.num_nodes[sample].max().expand(trees.batch_size)
         learning = self.learns_acceptance
-        plain_ms = self._plain_ms(base, batch) if learning else 0.0
+        plain_ms = self._plain_ms(batch, context) if learning else 0.0
         explore, warming = self._explore_due(batch, sample)
         model_plain = False  # whether the model prices a plain step above every tree
         ragged = total = None  # a packed pass: each request's size, priced by all its tokens
@@ -580,7 +583,7 @@ class Controller:
             if explore and sum(ragged) not in packed_totals(batch * self.max_nodes):
                 ragged = None  # an exploration off the totals' ladder: padded to the width
         elif self.layout == "ragged":
-            priced = self._priced(cost, device, batch, context, overhead, widened)
+            priced = self._priced(drafted(), device, batch, context, overhead, widened)
             sizes = per_request_sizes(trees, priced, self.model.ar_ms(batch), accepted)
             largest = sizes.max()
             if learning:
@@ -592,7 +595,7 @@ class Controller:
             width = next((w for w in self.widths if w >= largest), self.widths[-1])
             sizes = sizes.clamp(max=width)  # below N only where the widths stop short of it
         else:
-            priced = self._priced(cost, device, batch, context, overhead, widened)
+            priced = self._priced(drafted(), device, batch, context, overhead, widened)
             allowed = self._widths_on(device)
             if learning:
                 choice = uniform_choice(trees, priced, allowed, accepted, plain_ms)
@@ -612,7 +615,7 @@ class Controller:
             self._widths_run.add((batch, keyed))
             warming = True
         if ragged is None:
-            cycle = float(cost[width - 1])
+            cycle = float(drafted()[width - 1])
             if widened is not None:  # the overhead the cycle was priced with
                 overhead = float(widened[(keyed or 1) - 1])
         else:  # a packed pass: its overhead is all its price beyond the model's cycle
@@ -633,7 +636,7 @@ class Controller:
         smallest ladder width holding its mean tokens per request."""
         return width if ragged is None else self._ladder[-(-sum(ragged) // batch) - 1]
 
-    def _width_overheads(self, batch: int, overhead: float) -> torch.Tensor | None:
+    def _width_overheads(self, batch: int, overhead: float) -> list[float] | None:
         """[N] float64 the overhead that prices 1..N tokens per request at this batch size:
         ``overhead`` (the batch size's) plus the measured offset of the ladder width holding
         each, none where unmeasured (None: no width measured here, or the per-width overheads
@@ -642,8 +645,7 @@ class Controller:
         if not measured:
             return None
         # [N]: the overhead of the ladder width holding n = 1..N tokens per request
-        offsets = [measured.get(w, 0.0) for w in self._ladder]
-        return torch.tensor(offsets, dtype=torch.float64) + overhead
+        return [overhead + measured.get(w, 0.0) for w in self._ladder]
 
     def _explore_due(self, batch: int, sample: slice | torch.Tensor | None) -> tuple[int, bool]:
         """This drafted step's place in an exploration's stretch (1 = its first; 0: not an
@@ -793,14 +795,7 @@ class Controller:
     ) -> Decision:
         """A plain step's decision: every request verifies its root alone, nothing drafted."""
         context = float(context_lens.float().mean())
-        key = (batch, round(context / self.context_bucket) * self.context_bucket)
-
-        def one_token() -> float:  # the verify price of one token each
-            self.cost_vector_ms(batch, context)  # fills the verify price cache at this key
-            return float(self._verify_cache[key][0])
-
-        unit = _cached(self._plain_verify, key, one_token)
-        verify = self.gamma_at(batch) * unit
+        verify = self.gamma_at(batch) * self._one_token_ms(batch, context)
         overhead = self.plain_overhead_at(batch)
         sizes = self._roots.get((batch, str(device)))
         if sizes is None:  # [B] ones, made once per batch size (read, never written)
@@ -808,9 +803,21 @@ class Controller:
             self._roots[(batch, str(device))] = sizes
         return Decision(sizes, 1, verify, verify + overhead, overhead, plain=True, drafted=False)
 
-    def _plain_ms(self, base: torch.Tensor, batch: int) -> float:
-        """A plain step's predicted cycle (``base``: the model's drafted cycles)."""
-        return float(base[0]) - self.model.aux_ms(batch) + self.plain_overhead_at(batch)
+    def _plain_ms(self, batch: int, context: float) -> float:
+        """A plain step's predicted cycle at this batch size and mean context."""
+        return self.gamma_at(batch) * self._one_token_ms(batch, context) + self.plain_overhead_at(
+            batch
+        )
+
+    def _one_token_ms(self, batch: int, context: float) -> float:
+        """The verify price of one token each at gamma = 1 (cached per batch and bucket)."""
+        key = (batch, round(context / self.context_bucket) * self.context_bucket)
+
+        def one_token() -> float:
+            self.cost_vector_ms(batch, context)  # fills the verify price cache at this key
+            return float(self._verify_cache[key][0])
+
+        return _cached(self._plain_verify, key, one_token)
 
     def plain_overhead_at(self, batch: int) -> float:
         """Measured time a plain step spends beyond its verify: this batch size's, else the
@@ -834,7 +841,7 @@ class Controller:
 
     def _priced(
         self, cost: torch.Tensor, device: torch.device, batch: int, context: float,
-        overhead: float, widened: torch.Tensor | None = None,
+        overhead: float, widened: list[float] | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """[N] the drafted cycles ``cost`` (host) as the decision prices them on ``device``
         (``widened`` [N]: the per-width overheads that replace ``overhead``)."""
@@ -843,7 +850,7 @@ class Controller:
         priced = self._priced_on(device, batch, context, overhead)
         if widened is None:
             return priced
-        return priced + to_device(widened - overhead, device)
+        return priced + to_device(torch.tensor(widened, dtype=torch.float64) - overhead, device)
 
     def _priced_on(
         self, device: torch.device, batch: int, context: float, overhead: float
@@ -861,7 +868,7 @@ class Controller:
 
     def _total_cost(
         self, batch: int, context: float, overhead: float, nodes: int, device: torch.device,
-        widened: torch.Tensor | None = None,
+        widened: list[float] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """([B*N] predicted cycle ms, [B*N] the model's part of it) of a ragged pass over
         T = 1..B*N tokens in all (``widened`` [N]: per-width overheads, each T priced at
@@ -877,16 +884,22 @@ class Controller:
         modelled = self.model.aux_ms(batch) + self.gamma_at(batch) * verify  # [B*N]
         if widened is None:
             return modelled + overhead, modelled
-        per_total = to_device(widened.repeat_interleave(batch), device)  # [B*N]: ceil(T / B)
-        beta = self.width_slope(batch)
-        if beta:  # inside each measured width, its slope: [2, N] the slope (0: unmeasured), mean
-            anchors = self.width_cycle_ms[batch]
-            at = [(beta, anchors[w]) if w in anchors else (0.0, 0.0) for w in self._ladder]
-            slope, anchor = to_device(torch.tensor(at, dtype=torch.float64).T, device)  # [2, N]
-            per_total = per_total + slope.repeat_interleave(batch) * (
-                modelled - anchor.repeat_interleave(batch)
-            )  # [B*N]
-        return modelled + per_total, modelled
+        # Per ladder slot n, the cycle at T tokens is a[n] + b[n] * modelled(T), n = ceil(T / B):
+        # the slot's overhead, plus inside a measured width its slope around the width's mean
+        # model cycle (a[n] = overhead[n] - slope * anchor, b[n] = 1 + slope).
+        beta = self.width_slope(batch) or 0.0
+        anchors = self.width_cycle_ms.get(batch, {})
+        coefficients = [
+            (o - beta * anchors[w], 1.0 + beta) if beta and w in anchors else (o, 1.0)
+            for o, w in zip(widened, self._ladder, strict=True)
+        ]  # fmt: skip
+        rows = to_device(torch.tensor(coefficients, dtype=torch.float64).T, device)  # [2, N]
+        slot = _cached(  # [B*N]: ceil(T / B) - 1 for T = 1..B*N
+            self._device_cache, ("slot", batch, nodes, str(device)),
+            lambda: torch.arange(batch * nodes, device=device) // batch,
+        )  # fmt: skip
+        a, b = rows.index_select(1, slot)  # [B*N] each
+        return torch.addcmul(a, b, modelled), modelled
 
     def width_slope(self, batch: int) -> float | None:
         """The overhead's learned slope inside a width at this batch size, as a share of the

@@ -71,6 +71,7 @@ from sglang_bastion.acceptance_scale import (
     host_request_kinds,
     new_acceptance_scale,
     observe,
+    pool_index,
     request_kinds,
     scales,
     start_requests,
@@ -480,12 +481,13 @@ class BastionWorker(DFlashWorkerV2):
         else:  # a plain step: the root alone, no draft pass
             top_q = top_ids = torch.empty(bs, 0, self.top_k, device=roots.device)
             whole = TreeBatch.roots(roots)
-        scale = None  # [bs]: the requests' acceptance calibration, when learning
+        scale = pool = None  # [bs] each: the requests' acceptance calibration and pool
         if not drafts:
             decision = self.controller.plain_decision(bs, prefix_cpu, roots.device)
         else:  # the host copy of the contexts: no sync
             if self.acceptance is not None:
-                scale = scales(self.acceptance, batch.req_pool_indices, prefix)
+                pool = pool_index(self.acceptance, batch.req_pool_indices, prefix)
+                scale = scales(self.acceptance, batch.req_pool_indices, prefix, pool)
             at = sample if sampling else None  # a full probe is priced as the step it is
             decision = self.controller.decide(whole, prefix_cpu, scale, at)
         self._period = (started, decision, bs)
@@ -543,7 +545,7 @@ class BastionWorker(DFlashWorkerV2):
             predicted, realised = step_evidence(whole, decision.sizes, walked, target_tokens[:, 0])
             at = slice(None) if sample is None else sample  # only drafted requests are evidence
             observe(self.acceptance, batch.req_pool_indices[at], prefix[at], predicted[at],
-                    realised[at])  # fmt: skip
+                    realised[at], pool[at])  # fmt: skip
 
         out_tokens = target_tokens.gather(1, path.clamp(min=0))  # [bs, D+1]: emitted run first
         self._commit_penalties(batch, out_tokens, accept_lens)

@@ -19,6 +19,7 @@ from sglang_bastion.acceptance_scale import (
     host_request_kinds,
     new_acceptance_scale,
     observe,
+    pool_index,
     scales,
     start_requests,
     step_evidence,
@@ -51,6 +52,27 @@ def test_the_scale_is_realised_over_predicted_drafts_up_to_its_cap():
         )  # fmt: skip
     got = scales(state, slots(1, 2, 3), lengths(40, 40, 40)).tolist()
     assert got == pytest.approx([0.25, 2.0, MAX_SCALE], rel=0.02)
+
+
+def test_a_step_that_passes_its_pools_along_calibrates_as_one_that_recomputes_them():
+    reused, recomputed = new_acceptance_scale(8, "cpu"), new_acceptance_scale(8, "cpu")
+    ids, at = slots(0, 3, 5, 6), lengths(10, 12, 40, 41)
+    for state in (reused, recomputed):
+        start_requests(
+            state, ids, torch.tensor([GREEDY, SAMPLED, GREEDY, GREEDY]), lengths(9, 9, 9, 30)
+        )
+    for step in range(6):  # ages cross pool edges as the requests grow
+        predicted = torch.tensor([3.0, 2.0, 4.0, 1.0])
+        realised = torch.tensor([1.0, 0.0, 4.0, float(step % 2)])
+        pool = pool_index(reused, ids, at + 3 * step)
+        assert (
+            scales(reused, ids, at + 3 * step, pool).tolist()
+            == scales(recomputed, ids, at + 3 * step).tolist()
+        )
+        observe(reused, ids, at + 3 * step, predicted, realised, pool)
+        observe(recomputed, ids, at + 3 * step, predicted, realised)
+    assert torch.equal(reused.pools, recomputed.pools) and torch.equal(reused.slot, recomputed.slot)
+    assert scales(reused, ids, at + 18).tolist() != [1.0, 1.0, 1.0, 1.0]  # it learned
 
 
 def test_observing_a_batch_leaves_the_requests_of_other_kinds_alone():

@@ -75,6 +75,25 @@ def test_a_packed_decision_does_not_narrow_only():
     assert not budget.decide(trees(4, nodes=32), torch.full((4,), 256)).narrows_only
 
 
+def test_a_packed_decision_cuts_each_tree_to_its_size_within_the_width():
+    built = trees(4, nodes=32)
+    scale = torch.tensor([0.0, 0.5, 1.0, 4.0])  # [B]: from no speculation to confident
+    decision = Controller("static", 32, "global", model(), packs_ragged=True).decide(
+        built, torch.full((4,), 256), scale
+    )
+    assert len(set(decision.sizes.tolist())) > 1  # sizes differ: the cut is not a narrowing
+    assert same_trees(decision.cut(built), built.truncate(decision.sizes).narrow(decision.width))
+
+
+def test_cut_trees_price_their_own_nodes_after_the_whole_trees_were_priced():
+    built = trees(4, nodes=32)
+    whole = built.surrogate()  # [B, N]: computed once, on the whole trees
+    cut = built.truncate(torch.tensor([1, 3, 8, 32]))
+    assert built.surrogate() is whole
+    assert torch.equal(cut.surrogate(), torch.cumsum(torch.exp(cut.log_scores), dim=1))
+    assert cut.surrogate()[:, -1].tolist() != whole[:, -1].tolist()
+
+
 def test_adaptive_modes_need_a_latency_model():
     with pytest.raises(ValueError, match="needs a latency model"):
         Controller("static", 16)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch.nn.functional import pad
 
 SMALL_TOTALS = 16  # every total up to this is allowed; above, eight steps per doubling
 
@@ -88,23 +89,29 @@ def global_sizes(
         size = goodput.argmax()  # the fewest tokens among equals
         return (1 + size).view(1), goodput[size]
     roots = accepted[:, 0].sum()  # every request verifies its root
-    slots = torch.arange(1, nodes, device=device)  # [N-1]: candidate slots after the root
-    real = slots.unsqueeze(0) < num_nodes.unsqueeze(1)  # [B, N-1]
-    gains = (accepted[:, 1:] - accepted[:, :-1]).masked_fill(~real, float("-inf"))  # [B, N-1]
-    order = gains.reshape(-1).sort(descending=True)  # [B*(N-1)]: best first, across requests
+    past = _counted(1, nodes, device) >= num_nodes.unsqueeze(1)  # [B, N-1]: padding slots
+    gains = accepted.diff(dim=1).masked_fill_(past, float("-inf"))  # [B, N-1]
+    order = gains.view(-1).sort(descending=True)  # [B*(N-1)]: best first, across requests
     best = order.values
-    emitted = roots + torch.cat([best.new_zeros(1), best.clamp(min=0).cumsum(0)])  # [B*(N-1)+1]
-    goodput = emitted / cost_ms[batch - 1 :].to(emitted)  # T = B .. B*N
-    past_real = torch.cat([best.new_zeros(1, dtype=torch.bool), best == float("-inf")])
-    if allowed is not None:  # T = B .. B*N
-        past_real = past_real | ~allowed[batch - 1 :]
-    goodput = goodput.masked_fill(past_real, float("-inf"))
+    emitted = pad(best.clamp(min=0).cumsum(0), (1, 0)) + roots  # [B*(N-1)+1]: T = B .. B*N
+    goodput = emitted / cost_ms[batch - 1 :].to(emitted)
+    blocked = pad(best == float("-inf"), (1, 0))  # T past the real nodes
+    if allowed is not None:
+        blocked |= ~allowed[batch - 1 :]
+    goodput.masked_fill_(blocked, float("-inf"))
     extra = goodput.argmax()  # T - B; the fewest tokens among equals
-    rank = torch.empty_like(order.indices)
-    rank[order.indices] = torch.arange(best.numel(), device=device)
-    chosen = rank.view(batch, nodes - 1) < extra  # [B, N-1]
-    sizes = 1 + chosen.sum(dim=1)  # each request's gains fall, so its chosen slots lead
+    # each candidate's place in the batch's order; a request's gains fall, so its chosen lead
+    rank = torch.empty_like(order.indices).scatter_(
+        0, order.indices, _counted(0, best.numel(), device)
+    )  # fmt: skip
+    sizes = (rank.view(batch, nodes - 1) < extra).sum(dim=1).add_(1)  # [B]
     return sizes, goodput[extra]
+
+
+@functools.lru_cache(maxsize=64)
+def _counted(start: int, stop: int, device: torch.device) -> torch.Tensor:
+    """[stop - start] long start..stop-1 on ``device``, made once (read, never written)."""
+    return torch.arange(start, stop, device=device)
 
 
 def total_tokens(batch: int, max_nodes: int) -> torch.Tensor:

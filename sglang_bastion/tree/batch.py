@@ -13,7 +13,8 @@ class TreeBatch:
 
     Node order is best-first: within a request ``log_scores`` are non-increasing, every parent
     precedes its children, and the first n nodes form the optimal prefix-closed tree of size n.
-    Slots at index >= ``num_nodes[b]`` are padding: parent -1, log score -inf.
+    Slots at index >= ``num_nodes[b]`` are padding: parent -1, log score -inf. A batch is
+    never written after it is built (its surrogate is computed once).
     """
 
     token_ids: torch.Tensor  # [B, N] long: token of each node (root: the committed bonus token)
@@ -95,7 +96,11 @@ class TreeBatch:
 
     def surrogate(self) -> torch.Tensor:
         """[B, N] float: A_hat of the first n+1 nodes, i.e. the cumulative sum of rho."""
-        return torch.cumsum(torch.exp(self.log_scores), dim=1)
+        cached = self.__dict__.get("_surrogate")  # a step prices and judges the same trees
+        if cached is None:
+            cached = torch.cumsum(torch.exp(self.log_scores), dim=1)
+            object.__setattr__(self, "_surrogate", cached)
+        return cached
 
     def check(self) -> None:
         """Raise AssertionError if any structural invariant is violated (host-syncing; tests)."""
