@@ -542,6 +542,8 @@ class Controller:
             base = self.cost_vector_ms(batch, context)
             return base + (overhead if widened is None else torch.tensor(widened, dtype=base.dtype))
 
+        cost = None  # [N] `drafted()`, where a branch prices per request
+
         device = trees.log_scores.device
         accepted = trees.surrogate() if scale is None else calibrated_surrogate(trees, scale)
         num_nodes = trees.num_nodes  # [B]
@@ -583,7 +585,8 @@ class Controller:
             if explore and sum(ragged) not in packed_totals(batch * self.max_nodes):
                 ragged = None  # an exploration off the totals' ladder: padded to the width
         elif self.layout == "ragged":
-            priced = self._priced(drafted(), device, batch, context, overhead, widened)
+            cost = drafted()
+            priced = self._priced(cost, device, batch, context, overhead, widened)
             sizes = per_request_sizes(trees, priced, self.model.ar_ms(batch), accepted)
             largest = sizes.max()
             if learning:
@@ -595,7 +598,8 @@ class Controller:
             width = next((w for w in self.widths if w >= largest), self.widths[-1])
             sizes = sizes.clamp(max=width)  # below N only where the widths stop short of it
         else:
-            priced = self._priced(drafted(), device, batch, context, overhead, widened)
+            cost = drafted()
+            priced = self._priced(cost, device, batch, context, overhead, widened)
             allowed = self._widths_on(device)
             if learning:
                 choice = uniform_choice(trees, priced, allowed, accepted, plain_ms)
@@ -615,7 +619,7 @@ class Controller:
             self._widths_run.add((batch, keyed))
             warming = True
         if ragged is None:
-            cycle = float(drafted()[width - 1])
+            cycle = float((drafted() if cost is None else cost)[width - 1])
             if widened is not None:  # the overhead the cycle was priced with
                 overhead = float(widened[(keyed or 1) - 1])
         else:  # a packed pass: its overhead is all its price beyond the model's cycle
@@ -637,7 +641,7 @@ class Controller:
         return width if ragged is None else self._ladder[-(-sum(ragged) // batch) - 1]
 
     def _width_overheads(self, batch: int, overhead: float) -> list[float] | None:
-        """[N] float64 the overhead that prices 1..N tokens per request at this batch size:
+        """[N] ms: the overhead that prices 1..N tokens per request at this batch size:
         ``overhead`` (the batch size's) plus the measured offset of the ladder width holding
         each, none where unmeasured (None: no width measured here, or the per-width overheads
         are off)."""
@@ -805,9 +809,8 @@ class Controller:
 
     def _plain_ms(self, batch: int, context: float) -> float:
         """A plain step's predicted cycle at this batch size and mean context."""
-        return self.gamma_at(batch) * self._one_token_ms(batch, context) + self.plain_overhead_at(
-            batch
-        )
+        verify = self.gamma_at(batch) * self._one_token_ms(batch, context)
+        return verify + self.plain_overhead_at(batch)
 
     def _one_token_ms(self, batch: int, context: float) -> float:
         """The verify price of one token each at gamma = 1 (cached per batch and bucket)."""
